@@ -1,0 +1,32 @@
+"""numpyro-dp: differentially private MCMC for NumPyro models."""
+
+from numpyro_dp.accounting import (
+    PrivacyBudgetError,
+    PrivacyLedger,
+    PrivacySpent,
+    calibrate_noise_multiplier,
+    epsilon_spent,
+    max_iterations,
+)
+from numpyro_dp.inference_data import to_inference_data
+from numpyro_dp.kernels import DPKernel, DPPenalty, DPPenaltyState
+from numpyro_dp.mcmc import PrivateMCMC
+from numpyro_dp.model import ModelSpecificationError, PrivateModel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DPKernel",
+    "DPPenalty",
+    "DPPenaltyState",
+    "ModelSpecificationError",
+    "PrivacyBudgetError",
+    "PrivacyLedger",
+    "PrivacySpent",
+    "PrivateMCMC",
+    "PrivateModel",
+    "calibrate_noise_multiplier",
+    "epsilon_spent",
+    "max_iterations",
+    "to_inference_data",
+]

@@ -1,0 +1,421 @@
+"""Privacy accounting on Google's ``dp-accounting`` (SPEC s2).
+
+Conventions
+-----------
+Kernels declare the privacy cost of one iteration as a
+:class:`dp_accounting.DpEvent` next to their algorithm.  A
+``GaussianDpEvent(z)`` declared by a kernel carries the SPEC's noise
+multiplier ``z = sigma / Delta``, where ``Delta`` is the l2-sensitivity of the
+released sum *under the kernel's neighbourhood* (``2 c`` for
+``"substitute"``, ``c`` for ``"add_remove"``, for per-row terms clipped to
+``c``).  A release with noise multiplier ``z`` is then ``mu``-GDP with
+``mu = 1 / z`` under either neighbourhood (zCDP ``rho = 1 / (2 z^2)``).
+
+Composition of plain Gaussian releases is tight: ``k`` releases with noise
+multipliers ``z_i`` compose to one Gaussian mechanism with
+``mu = sqrt(sum_i 1 / z_i^2)``.  For such events the ``"pld"`` accountant
+evaluates the exact privacy-loss distribution of that Gaussian analytically
+(``dp_accounting.gaussian_mechanism``, Balle & Wang 2018): dp-accounting's
+discretised ``PLDAccountant`` gives the same curve up to its discretisation
+error, but needs memory that grows like ``mu^2`` and fails for the huge
+epsilons used to compare with non-private inference.  Every other event goes
+to dp-accounting's ``PLDAccountant`` or ``RdpAccountant`` unchanged.
+
+Every epsilon returned here is rounded up: the reported figure is never below
+the true one (DEVELOPERS.md invariant 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Callable, Sequence
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting import gaussian_mechanism
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy.special import log_ndtr
+
+NEIGHBOURHOODS = ("substitute", "add_remove")
+ACCOUNTANTS = ("pld", "rdp")
+_RELATION = {
+    "substitute": dpa.NeighboringRelation.REPLACE_ONE,
+    "add_remove": dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+}
+
+
+class PrivacyBudgetError(ValueError):
+    """A run that the stated privacy budget cannot pay for."""
+
+
+# --------------------------------------------------------------- validation
+def check_neighbourhood(neighbourhood: str) -> str:
+    if neighbourhood not in NEIGHBOURHOODS:
+        raise ValueError(
+            f"neighbourhood={neighbourhood!r} is not supported; use 'substitute' "
+            "(replace one row, the default) or 'add_remove' (add or remove one row)."
+        )
+    return neighbourhood
+
+
+def check_budget(epsilon: float | None, delta: float | None) -> None:
+    if epsilon is not None and not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(
+            f"epsilon={epsilon} is not a valid budget; pass a finite epsilon > 0 "
+            "(e.g. 1e7 to compare with non-private inference)."
+        )
+    if delta is not None and not 0 < delta < 1:
+        raise ValueError(
+            f"delta={delta} must lie in (0, 1); a common choice is well below 1/n, "
+            "e.g. delta = 0.1 / n."
+        )
+
+
+def sensitivity_factor(neighbourhood: str) -> float:
+    """l2-sensitivity of a sum of per-row terms clipped to norm 1."""
+    return 2.0 if check_neighbourhood(neighbourhood) == "substitute" else 1.0
+
+
+# ----------------------------------------------------------- closed forms
+def gaussian_log_delta(epsilon: float, mu: float) -> float:
+    """log delta(eps) of a mu-GDP Gaussian mechanism (SPEC s2, tight).
+
+    delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2), evaluated in
+    log space so that it stays accurate for eps up to ~1e8.
+    """
+    if mu == 0:
+        return -math.inf
+    a = float(log_ndtr(-epsilon / mu + mu / 2))
+    b = epsilon + float(log_ndtr(-epsilon / mu - mu / 2))
+    return a + math.log1p(-math.exp(b - a)) if b < a else -math.inf
+
+
+def gaussian_epsilon(mu: float, delta: float) -> float:
+    """Smallest epsilon (rounded up) at which a mu-GDP mechanism is (eps, delta)-DP."""
+    if mu == 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+    eps = gaussian_mechanism.get_epsilon_gaussian(1.0 / mu, delta)
+    log_delta = math.log(delta)
+    step = 1e-12 * (1.0 + eps)
+    while gaussian_log_delta(eps, mu) > log_delta:  # brentq may land just below
+        eps += step
+        step *= 2
+    return float(eps)
+
+
+def zcdp_to_epsilon(rho: float, delta: float) -> float:
+    """Loose (eps, delta) of rho-zCDP: rho + 2 sqrt(rho ln(1/delta)). Cross-check only."""
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def epsilon_to_zcdp(epsilon: float, delta: float) -> float:
+    """Inverse of :func:`zcdp_to_epsilon`."""
+    ld = math.log(1.0 / delta)
+    return (math.sqrt(epsilon + ld) - math.sqrt(ld)) ** 2
+
+
+def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> float:
+    """Classic conversion min_a eps_RDP(a) + ln(1/delta) / (a - 1). Cross-check only."""
+    orders, rdp = np.asarray(orders, float), np.asarray(rdp, float)
+    return float(np.min(rdp + math.log(1.0 / delta) / (orders - 1.0)))
+
+
+# ------------------------------------------------------------------ events
+def gaussian_releases(event: dpa.DpEvent) -> list[tuple[float, int]] | None:
+    """``[(z, count), ...]`` if ``event`` composes only plain Gaussian releases.
+
+    Returns ``None`` for any other event (subsampled, Laplace, ...).
+    """
+    if isinstance(event, dpa.NoOpDpEvent):
+        return []
+    if isinstance(event, dpa.GaussianDpEvent):
+        return [(float(event.noise_multiplier), 1)]
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        inner = gaussian_releases(event.event)
+        return None if inner is None else [(z, c * event.count) for z, c in inner]
+    if isinstance(event, dpa.ComposedDpEvent):
+        out = []
+        for e in event.events:
+            inner = gaussian_releases(e)
+            if inner is None:
+                return None
+            out += inner
+        return out
+    return None
+
+
+def gaussian_mu(event: dpa.DpEvent) -> float | None:
+    """mu of the single Gaussian equivalent to ``event`` (tight), or None."""
+    releases = gaussian_releases(event)
+    if releases is None:
+        return None
+    if any(z == 0 for z, c in releases if c > 0):
+        return math.inf
+    return math.sqrt(sum(c / z**2 for z, c in releases))
+
+
+def count_releases(event: dpa.DpEvent) -> int:
+    """Number of mechanism releases (leaves times their composition counts)."""
+    if isinstance(event, dpa.NoOpDpEvent):
+        return 0
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return event.count * count_releases(event.event)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return sum(count_releases(e) for e in event.events)
+    return 1
+
+
+def noise_multipliers(event: dpa.DpEvent) -> tuple[float, ...]:
+    """Distinct noise multipliers of the mechanisms in ``event``, sorted."""
+    out = set()
+
+    def walk(e):
+        if isinstance(e, (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent,
+                          dpa.SampledWithoutReplacementDpEvent)):
+            walk(e.event)
+        elif isinstance(e, dpa.ComposedDpEvent):
+            for x in e.events:
+                walk(x)
+        elif hasattr(e, "noise_multiplier"):
+            out.add(float(e.noise_multiplier))
+
+    walk(event)
+    return tuple(sorted(out))
+
+
+def epsilon_spent(
+    event: dpa.DpEvent,
+    delta: float,
+    neighbourhood: str = "substitute",
+    accountant: str = "pld",
+) -> float:
+    """Epsilon (rounded up) of ``event`` at ``delta``.
+
+    Parameters
+    ----------
+    event : DpEvent
+        What was (or will be) released, in the conventions of this module.
+    delta : float
+        Target delta in (0, 1).
+    neighbourhood : {"substitute", "add_remove"}
+        Passed to dp-accounting for events whose privacy depends on it.
+    accountant : {"pld", "rdp"}
+        ``"pld"`` is tight; ``"rdp"`` is looser but supports more events.
+    """
+    check_budget(None, delta)
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant={accountant!r}; use one of {ACCOUNTANTS}.")
+    mu = gaussian_mu(event)
+    if mu is not None and accountant == "pld":
+        return gaussian_epsilon(mu, delta)
+    relation = _RELATION[check_neighbourhood(neighbourhood)]
+    if mu is not None:  # plain Gaussians: relation-free by our convention
+        event, relation = dpa.GaussianDpEvent(1.0 / mu), _RELATION["add_remove"]
+    if accountant == "pld":
+        acc = pld_privacy_accountant.PLDAccountant(relation)
+    else:
+        acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    acc.compose(event)
+    eps = float(acc.get_epsilon(delta))
+    return math.nextafter(eps, math.inf)
+
+
+# ------------------------------------------------------------- calibration
+def calibrate_noise_multiplier(
+    make_event: Callable[[float], dpa.DpEvent],
+    epsilon: float,
+    delta: float,
+    neighbourhood: str = "substitute",
+    accountant: str = "pld",
+    rtol: float = 1e-6,
+) -> float:
+    """Smallest noise multiplier (to ``rtol``) whose event fits the budget.
+
+    ``make_event(z)`` builds the event of the whole planned run from a noise
+    multiplier; epsilon must decrease in ``z``.  The returned ``z`` is the
+    upper end of the final bisection bracket, so its epsilon is <= target.
+    """
+    check_budget(epsilon, delta)
+
+    def eps(z):
+        return epsilon_spent(make_event(z), delta, neighbourhood, accountant)
+
+    lo, hi = 1.0, 1.0
+    while eps(hi) > epsilon:
+        lo, hi = hi, hi * 10.0
+        if hi > 1e30:
+            raise PrivacyBudgetError(
+                f"No noise multiplier reaches epsilon={epsilon} at delta={delta}; "
+                "the mechanism is not private enough at any noise level."
+            )
+    if lo == hi:
+        while eps(lo) <= epsilon and lo > 1e-30:
+            lo, hi = lo / 10.0, lo
+    while hi / lo > 1.0 + rtol:
+        mid = math.sqrt(lo * hi)
+        if eps(mid) <= epsilon:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def max_iterations(
+    per_iteration_event: dpa.DpEvent,
+    epsilon: float,
+    delta: float,
+    num_chains: int = 1,
+    neighbourhood: str = "substitute",
+    accountant: str = "pld",
+    spent: dpa.DpEvent | None = None,
+) -> int:
+    """Largest number of iterations per chain that the budget affords.
+
+    ``spent`` is what the ledger holds already.  Returns 0 when not even one
+    iteration fits.
+    """
+    check_budget(epsilon, delta)
+    spent = dpa.NoOpDpEvent() if spent is None else spent
+
+    def fits(k):
+        ev = dpa.ComposedDpEvent(
+            [spent, dpa.SelfComposedDpEvent(per_iteration_event, k * num_chains)]
+        )
+        return epsilon_spent(ev, delta, neighbourhood, accountant) <= epsilon
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > 2**62:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+# ------------------------------------------------------------------ ledger
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    """One charged call of a kernel: ``num_chains x num_iterations`` iterations."""
+
+    kernel: str
+    phase: str
+    num_chains: int
+    num_iterations: int
+    per_iteration: dpa.DpEvent
+
+    @property
+    def event(self) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(self.per_iteration, self.num_chains * self.num_iterations)
+
+    def to_dict(self) -> dict:
+        return {
+            "kernel": self.kernel,
+            "phase": self.phase,
+            "num_chains": self.num_chains,
+            "num_iterations": self.num_iterations,
+            "releases": count_releases(self.event),
+            "noise_multipliers": list(noise_multipliers(self.per_iteration)),
+            "per_iteration_event": repr(self.per_iteration),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacySpent:
+    """What a run has spent, as reported by :meth:`PrivateMCMC.privacy_spent`.
+
+    Attributes
+    ----------
+    epsilon, delta : float
+        The run is (epsilon, delta)-DP with respect to every row (epsilon
+        rounded up).
+    neighbourhood : str
+        ``"substitute"`` or ``"add_remove"``.
+    num_releases : int
+        Number of Gaussian-mechanism releases composed.
+    noise_multipliers : tuple of float
+        Distinct noise multipliers ``z = sigma / Delta`` used.
+    accountant : str
+        ``"pld"`` or ``"rdp"``.
+    ledger : tuple of LedgerEntry
+        Every charged call, in order.
+    """
+
+    epsilon: float
+    delta: float
+    neighbourhood: str
+    num_releases: int
+    noise_multipliers: tuple[float, ...]
+    accountant: str
+    ledger: tuple[LedgerEntry, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "neighbourhood": self.neighbourhood,
+            "num_releases": self.num_releases,
+            "noise_multipliers": list(self.noise_multipliers),
+            "accountant": self.accountant,
+            "ledger": [e.to_dict() for e in self.ledger],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def __str__(self) -> str:
+        zs = ", ".join(f"{z:.4g}" for z in self.noise_multipliers) or "none"
+        lines = [
+            f"({self.epsilon:.4g}, {self.delta:.3g})-DP, {self.neighbourhood} "
+            f"neighbourhood, {self.accountant} accountant",
+            f"  {self.num_releases} Gaussian releases, noise multiplier(s) {zs}",
+        ]
+        for e in self.ledger:
+            lines.append(
+                f"  {e.kernel} {e.phase}: {e.num_chains} chain(s) x "
+                f"{e.num_iterations} iterations"
+            )
+        return "\n".join(lines)
+
+
+class PrivacyLedger:
+    """Accumulates charged runs and reports what they cost together."""
+
+    def __init__(self, delta: float, neighbourhood: str, accountant: str = "pld"):
+        check_budget(None, delta)
+        if accountant not in ACCOUNTANTS:
+            raise ValueError(f"accountant={accountant!r}; use one of {ACCOUNTANTS}.")
+        self.delta = delta
+        self.neighbourhood = check_neighbourhood(neighbourhood)
+        self.accountant = accountant
+        self.entries: list[LedgerEntry] = []
+
+    def event(self, extra: Sequence[LedgerEntry] = ()) -> dpa.DpEvent:
+        entries = list(self.entries) + list(extra)
+        return dpa.ComposedDpEvent([e.event for e in entries])
+
+    def epsilon(self, extra: Sequence[LedgerEntry] = ()) -> float:
+        return epsilon_spent(self.event(extra), self.delta, self.neighbourhood, self.accountant)
+
+    def record(self, entry: LedgerEntry) -> None:
+        self.entries.append(entry)
+
+    def spent(self) -> PrivacySpent:
+        ev = self.event()
+        return PrivacySpent(
+            epsilon=self.epsilon() if self.entries else 0.0,
+            delta=self.delta,
+            neighbourhood=self.neighbourhood,
+            num_releases=count_releases(ev),
+            noise_multipliers=noise_multipliers(ev),
+            accountant=self.accountant,
+            ledger=tuple(self.entries),
+        )

@@ -1,0 +1,129 @@
+"""What every differentially private kernel shares.
+
+A :class:`DPKernel` is a NumPyro :class:`~numpyro.infer.mcmc.MCMCKernel`
+that additionally
+
+* declares the privacy cost of one iteration as a ``DpEvent``
+  (:meth:`DPKernel.per_iteration_event`), next to its algorithm, so that
+  sampling and accounting cannot drift apart;
+* lists the state fields that are safe to publish (:attr:`private_safe_fields`);
+* refuses to run unless a :class:`~numpyro_dp.PrivateMCMC` charges it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import dp_accounting as dpa
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.mcmc import MCMCKernel
+
+from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
+from numpyro_dp.model import PrivateModel
+
+
+def check_positive(name: str, value: float, fix: str) -> float:
+    """Reject a non-positive or non-finite tuning constant, naming the fix."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a finite number > 0; {fix}")
+    return float(value)
+
+
+class DPKernel(MCMCKernel):
+    """Base class of the differentially private kernels.
+
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model with a plate over the data rows.
+    noise_multiplier : float, optional
+        ``z = sigma / Delta`` of the kernel's Gaussian releases.  Leave it
+        ``None`` to let :class:`~numpyro_dp.PrivateMCMC` calibrate it to an
+        (epsilon, delta) budget.
+    neighbourhood : {"substitute", "add_remove"}
+        Which data sets count as neighbours (SPEC s0).
+    temperature : float
+        ``T`` in (0, 1]: every per-row log-likelihood is multiplied by it.
+    data_plate : str, optional
+        Name of the plate over rows (auto-detected when unambiguous).
+    init_strategy : callable
+        A NumPyro init strategy; it sees only the priors, never the data.
+    """
+
+    sample_field = "z"
+    #: State fields that may leave the kernel (all post-processing of releases).
+    private_safe_fields: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        noise_multiplier: float | None = None,
+        neighbourhood: str = "substitute",
+        temperature: float = 1.0,
+        data_plate: str | None = None,
+        init_strategy: Callable = init_to_uniform,
+    ):
+        self._model = model
+        if noise_multiplier is not None:
+            check_positive(
+                "noise_multiplier", noise_multiplier,
+                "or leave it None and give PrivateMCMC an epsilon and delta.",
+            )
+        self.noise_multiplier = noise_multiplier
+        self.neighbourhood = check_neighbourhood(neighbourhood)
+        if not (isinstance(temperature, (int, float)) and 0 < temperature <= 1):
+            raise ValueError(
+                f"temperature={temperature!r} must lie in (0, 1]; 1 is the "
+                "ordinary posterior."
+            )
+        self.temperature = float(temperature)
+        self.data_plate = data_plate
+        self._init_strategy = init_strategy
+        self._private_model: PrivateModel | None = None
+        self._sample_fn = None
+        self._charged_by = None  # the PrivateMCMC that accounts for this kernel
+
+    @property
+    def model(self) -> Callable:
+        return self._model
+
+    @property
+    def sensitivity_factor(self) -> float:
+        """l2-sensitivity, in units of the clip bound, of a sum of clipped rows."""
+        return sensitivity_factor(self.neighbourhood)
+
+    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
+        """Analyse and validate the model and data (raises on bad input)."""
+        self._private_model = PrivateModel(
+            self._model, model_args, model_kwargs, data_plate=self.data_plate
+        )
+        self._sample_fn = None
+        return self._private_model
+
+    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
+        """The privacy cost of one iteration of one chain."""
+        raise NotImplementedError
+
+    def _require_runner(self, noise_multiplier: float | None) -> PrivateModel:
+        if self._charged_by is None or self._private_model is None:
+            raise RuntimeError(
+                f"{type(self).__name__} must be run by numpyro_dp.PrivateMCMC, which "
+                "charges every iteration to the privacy ledger; plain "
+                "numpyro.infer.MCMC would release draws without accounting."
+            )
+        if noise_multiplier is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
+                "epsilon and delta to calibrate it, or pass noise_multiplier=."
+            )
+        return self._private_model
+
+    def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
+        pm = self._private_model
+
+        def constrain(z):
+            return pm.constrain(z, args, kwargs)
+
+        return constrain

@@ -1,0 +1,425 @@
+"""Model adapter: per-row log-likelihoods and the prior of a NumPyro model.
+
+Every kernel of the library talks to a user's model only through
+:class:`PrivateModel` (SPEC s1).  It splits the model's log-density into
+
+* the prior term ``log p(theta)`` in NumPyro's unconstrained space, including
+  the log-Jacobian of the transforms; it must not read the data, and
+* the per-row log-likelihoods ``l_i(theta)``: the log-probabilities of all
+  observed sites and ``numpyro.factor`` sites inside the data plate, reduced
+  over every dimension except the data-plate dimension.
+
+What counts as private data
+---------------------------
+The data plate's size ``n`` is public.  Every array argument of the model
+(positional or keyword) whose leading dimension is ``n`` holds rows of the
+private data set; covariates and observations are treated alike.  Other
+arguments (scalars, hyperparameter arrays of another length) are public
+configuration.  Rows must lie along the leading axis of those arrays.
+
+Bad models are rejected with an error that names the problem and the fix,
+before any private value is computed: no data plate, several candidate plates,
+observed sites outside the plate, latent sites inside it, discrete latents,
+plate subsampling, NaN/inf in the data, and priors, transforms or factors
+outside the plate that read the data (checked structurally on the traced
+program, see :mod:`numpyro_dp.dataflow`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.distributions.util import sum_rightmost
+from numpyro.infer.initialization import init_to_uniform
+
+from numpyro_dp.dataflow import depends_on_private
+
+
+class ModelSpecificationError(ValueError):
+    """A model or data set that cannot be made differentially private as given."""
+
+
+class LogDensityTerms(NamedTuple):
+    """The two parts of the log-density at one point (private: never released)."""
+
+    prior: jax.Array  # log p(theta) + log|J|, unconstrained space, data-free
+    loglik_rows: jax.Array  # (n,) or (len(idx),) per-row log-likelihoods l_i
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, jax.Array)) and np.ndim(x) >= 1
+
+
+def _plates(trace: dict) -> dict[str, tuple[int, int]]:
+    """Plate name -> (dim, size) for every plate a sample site sits in."""
+    out = {}
+    for site in trace.values():
+        if site["type"] == "sample":
+            for frame in site["cond_indep_stack"]:
+                out[frame.name] = (frame.dim, frame.size)
+    return out
+
+
+def _in_plate(site: dict, plate: str) -> bool:
+    return any(f.name == plate for f in site["cond_indep_stack"])
+
+
+def _is_factor(site: dict) -> bool:
+    return site["type"] == "sample" and site["is_observed"] and site["infer"].get("is_auxiliary", False)
+
+
+class PrivateModel:
+    """A NumPyro model split into a data-free prior and per-row log-likelihoods.
+
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model whose observed sites all lie in one plate over rows.
+    model_args, model_kwargs : tuple, dict
+        The arguments the model is run with (they hold the private data).
+    data_plate : str, optional
+        Name of the plate over data rows.  Auto-detected when exactly one plate
+        holds every observed site.
+    require_continuous : bool
+        Reject discrete latent sites (the kernels move in unconstrained
+        Euclidean space, so a discrete latent has no proposal).
+
+    Attributes
+    ----------
+    num_rows : int
+        The public number of rows ``n``.
+    latent_sites : tuple of str
+        Names of the latent sample sites, i.e. the parameters.
+    data_plate : str
+        The plate over rows.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+        data_plate: str | None = None,
+        require_continuous: bool = True,
+    ):
+        self.model = model
+        model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        trace = handlers.trace(handlers.seed(model, 0)).get_trace(
+            *model_args, **model_kwargs
+        )
+        self.data_plate, (self._plate_dim, self.num_rows) = self._find_data_plate(
+            trace, data_plate
+        )
+        self._check_sites(trace, require_continuous)
+        self.latent_sites = tuple(
+            name
+            for name, s in trace.items()
+            if s["type"] == "sample" and not s["is_observed"]
+        )
+        self._row_leaf_index = self._find_rows(model_args, model_kwargs)
+        self._check_finite(trace, model_args, model_kwargs)
+        example = {n: trace[n]["value"] for n in self.latent_sites}
+        example_u = {
+            n: biject_to(trace[n]["fn"].support).inv(v) for n, v in example.items()
+        }
+        self._unravel = ravel_pytree(example_u)[1]
+        self.num_params = int(ravel_pytree(example_u)[0].size)
+        self._deterministic = self._check_data_free(example_u, model_args, model_kwargs)
+
+    # ------------------------------------------------------------------ setup
+    def _find_data_plate(self, trace: dict, data_plate: str | None):
+        plates = _plates(trace)
+        observed = [
+            s for s in trace.values() if s["type"] == "sample" and s["is_observed"]
+        ]
+        likelihood = [s for s in observed if not _is_factor(s)]
+        if not likelihood:
+            raise ModelSpecificationError(
+                "The model has no observed sample site, so there is no data to "
+                "protect. Pass the data as `obs=` of a sample site inside a "
+                "`numpyro.plate` over the rows."
+            )
+        if data_plate is not None:
+            if data_plate not in plates:
+                raise ModelSpecificationError(
+                    f"data_plate={data_plate!r} is not a plate of the model; the "
+                    f"plates found are {sorted(plates)}. Pass one of them."
+                )
+            chosen = data_plate
+        else:
+            common = set.intersection(
+                *({f.name for f in s["cond_indep_stack"]} for s in likelihood)
+            )
+            if not common:
+                outside = sorted(s["name"] for s in likelihood if not s["cond_indep_stack"])
+                where = (
+                    f"observed site(s) {outside} lie outside every plate"
+                    if outside
+                    else "no single plate holds every observed site"
+                )
+                raise ModelSpecificationError(
+                    f"Could not find the data plate: {where} (plates found: "
+                    f"{sorted(plates) or 'none'}). Wrap every observed site in one "
+                    "`with numpyro.plate('data', n):` block over the rows; an "
+                    "observed value outside the row plate cannot be privatised."
+                )
+            if len(common) > 1:
+                raise ModelSpecificationError(
+                    f"Several plates hold every observed site: {sorted(common)}. "
+                    "Say which one runs over the data rows with `data_plate=`."
+                )
+            chosen = common.pop()
+        outside = sorted(s["name"] for s in observed if not _in_plate(s, chosen) and not _is_factor(s))
+        if outside:
+            raise ModelSpecificationError(
+                f"Observed site(s) {outside} lie outside the data plate "
+                f"{chosen!r}; their values cannot be privatised. Move them inside "
+                f"`numpyro.plate({chosen!r}, n)` or pass them as public constants."
+            )
+        for name, site in trace.items():
+            if site["type"] == "plate" and name == chosen:
+                size, subsample_size = site["args"]
+                if subsample_size is not None and subsample_size != size:
+                    raise ModelSpecificationError(
+                        f"Plate {chosen!r} subsamples ({subsample_size} of {size} "
+                        "rows). The DP kernels choose rows themselves and their "
+                        "accounting assumes the full plate: remove `subsample_size`."
+                    )
+        return chosen, plates[chosen]
+
+    def _check_sites(self, trace: dict, require_continuous: bool) -> None:
+        for name, site in trace.items():
+            if site["type"] != "sample" or site["is_observed"]:
+                continue
+            if _in_plate(site, self.data_plate):
+                raise ModelSpecificationError(
+                    f"Latent site {name!r} lies inside the data plate "
+                    f"{self.data_plate!r}: its draws would publish per-row "
+                    "information. If it is data, pass its values with `obs=`; "
+                    "otherwise marginalise it out (e.g. write the row likelihood "
+                    "as a mixture) or move it out of the plate."
+                )
+            if require_continuous and site["fn"].is_discrete:
+                raise ModelSpecificationError(
+                    f"Latent site {name!r} is discrete; the DP kernels move in "
+                    "NumPyro's unconstrained Euclidean space and need continuous "
+                    "latents. Marginalise it out or replace it by a continuous "
+                    "relaxation."
+                )
+
+    def _find_rows(self, model_args: tuple, model_kwargs: dict) -> tuple[int, ...]:
+        leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
+        rows = tuple(
+            i
+            for i, x in enumerate(leaves)
+            if _is_array(x) and np.shape(x)[0] == self.num_rows
+        )
+        if not rows:
+            sizes = sorted({np.shape(x)[0] for x in leaves if _is_array(x)})
+            raise ModelSpecificationError(
+                f"The data plate {self.data_plate!r} has size {self.num_rows}, but "
+                f"no model argument has {self.num_rows} rows (leading sizes found: "
+                f"{sizes or 'none'}). Make the plate size the number of rows, e.g. "
+                "`numpyro.plate('data', X.shape[0])`, with rows on the leading axis."
+            )
+        return rows
+
+    def _check_finite(self, trace: dict, model_args: tuple, model_kwargs: dict) -> None:
+        leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
+        named = [(f"model argument #{i}", leaves[i]) for i in self._row_leaf_index]
+        named += [
+            (f"observed site {n!r}", s["value"])
+            for n, s in trace.items()
+            if s["type"] == "sample" and s["is_observed"] and not _is_factor(s)
+        ]
+        for what, x in named:
+            x = np.asarray(x)
+            if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
+                # Say which array, never where or how many: that is private.
+                raise ModelSpecificationError(
+                    f"The data in {what} contain NaN or infinite values. Remove or "
+                    "impute those rows before inference (imputation must not be "
+                    "fitted on the private data, or it must be privatised itself)."
+                )
+
+    def _check_data_free(self, example_u: dict, model_args: tuple, model_kwargs: dict):
+        """Prove that prior terms and transforms do not read the rows.
+
+        Returns the names of deterministic sites that are safe to publish.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        rows = [jnp.asarray(leaves[i]) for i in self._row_leaf_index]
+
+        def probe(params, row_leaves):
+            args, kwargs = self._with_rows(leaves, treedef, row_leaves)
+            tr, log_dets = self._trace(params, args, kwargs)
+            out = {}
+            for name, site in tr.items():
+                if site["type"] == "deterministic":
+                    out[("deterministic", name)] = site["value"]
+                elif site["type"] == "sample" and not site["is_observed"]:
+                    out[("latent", name)] = (site["value"], _site_log_prob(site))
+                elif _is_factor(site) and not _in_plate(site, self.data_plate):
+                    out[("factor", name)] = _site_log_prob(site)
+            out.update({("jacobian", n): v for n, v in log_dets.items()})
+            return out
+
+        flags = depends_on_private(probe, example_u, rows)
+        leaky = sorted(
+            f"{kind} {name!r}"
+            for (kind, name), f in flags.items()
+            if kind != "deterministic" and any(jax.tree_util.tree_leaves(f))
+        )
+        if leaky:
+            raise ModelSpecificationError(
+                f"The prior part of the model reads the private data: {leaky}. "
+                "Priors, parameter supports and factors outside the data plate "
+                "must use public constants only (SPEC s0); pass hyperparameters "
+                "as numbers, not as functions of the data."
+            )
+        safe, dropped = [], []
+        for (kind, name), f in flags.items():
+            if kind == "deterministic":
+                (dropped if f else safe).append(name)
+        if dropped:
+            warnings.warn(
+                f"Deterministic site(s) {sorted(dropped)} depend on the private data "
+                "and are left out of the returned samples.",
+                stacklevel=3,
+            )
+        return tuple(sorted(safe))
+
+    # ------------------------------------------------------------- evaluation
+    def _with_rows(self, leaves, treedef, row_leaves):
+        leaves = list(leaves)
+        for i, x in zip(self._row_leaf_index, row_leaves):
+            leaves[i] = x
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def _trace(self, params: dict, model_args: tuple, model_kwargs: dict):
+        """Run the model at unconstrained ``params``; return trace and log-Jacobians."""
+        log_dets = {}
+
+        def constrain(site):
+            name = site["name"]
+            if site["type"] != "sample" or name not in params:
+                return None
+            u = params[name]
+            t = biject_to(site["fn"].support)
+            value = t(u)
+            ld = t.log_abs_det_jacobian(u, value)
+            ld = sum_rightmost(ld, jnp.ndim(ld) - jnp.ndim(value) + len(site["fn"].event_shape))
+            if site["scale"] is not None:
+                ld = site["scale"] * ld
+            log_dets[name] = jnp.sum(ld)
+            return value
+
+        tr = handlers.trace(handlers.substitute(self.model, substitute_fn=constrain)).get_trace(
+            *model_args, **model_kwargs
+        )
+        return tr, log_dets
+
+    def log_density_terms(
+        self,
+        params: dict,
+        model_args: tuple,
+        model_kwargs: dict,
+        idx: jax.Array | None = None,
+    ) -> LogDensityTerms:
+        """Prior and per-row log-likelihoods at unconstrained ``params``.
+
+        Parameters
+        ----------
+        params : dict
+            Unconstrained values of the latent sites.
+        model_args, model_kwargs : tuple, dict
+            The model's arguments (same structure as at construction).
+        idx : array of int, optional
+            Row indices; when given, the row arrays are indexed first so that
+            only ``len(idx)`` rows are evaluated.
+
+        Returns
+        -------
+        LogDensityTerms
+            Private values: clip and noise them before anything leaves a kernel.
+        """
+        if idx is not None:
+            leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+            model_args, model_kwargs = self._with_rows(
+                leaves, treedef, [jnp.asarray(leaves[i])[idx] for i in self._row_leaf_index]
+            )
+        tr, log_dets = self._trace(params, model_args, model_kwargs)
+        num_rows = self.num_rows if idx is None else jnp.shape(idx)[0]
+        prior = sum(log_dets.values(), jnp.zeros(()))
+        rows = jnp.zeros((num_rows,))
+        for site in tr.values():
+            if site["type"] != "sample":
+                continue
+            if not site["is_observed"]:
+                prior = prior + jnp.sum(_site_log_prob(site))
+            elif _in_plate(site, self.data_plate):
+                rows = rows + self._per_row(_site_log_prob(site), num_rows)
+            else:  # a data-free factor outside the plate (checked at setup)
+                prior = prior + jnp.sum(_site_log_prob(site))
+        return LogDensityTerms(prior, rows)
+
+    def _per_row(self, log_prob: jax.Array, num_rows: int) -> jax.Array:
+        """Sum a site's log-prob over every dimension but the data-plate one."""
+        dim = self._plate_dim
+        log_prob = jnp.reshape(log_prob, (1,) * max(0, -dim - jnp.ndim(log_prob)) + jnp.shape(log_prob))
+        log_prob = jnp.moveaxis(log_prob, dim, 0)
+        log_prob = jnp.broadcast_to(log_prob, (num_rows,) + log_prob.shape[1:])
+        return jnp.reshape(log_prob, (num_rows, -1)).sum(-1)
+
+    # ---------------------------------------------------------- init & output
+    def init_params(
+        self,
+        rng_key: jax.Array,
+        model_args: tuple,
+        model_kwargs: dict,
+        init_strategy: Callable = init_to_uniform,
+    ) -> dict:
+        """An unconstrained initial point from ``init_strategy`` (prior-based).
+
+        The strategy sees only each site's prior distribution, which the setup
+        check proved to be data-free; no likelihood is evaluated (unlike
+        NumPyro's ``find_valid_initial_params``).
+        """
+        seeded = handlers.seed(self.model, rng_key)
+        tr = handlers.trace(handlers.substitute(seeded, substitute_fn=init_strategy)).get_trace(
+            *model_args, **model_kwargs
+        )
+        return {
+            n: biject_to(tr[n]["fn"].support).inv(tr[n]["value"]) for n in self.latent_sites
+        }
+
+    def ravel(self, params: dict) -> jax.Array:
+        """Flatten unconstrained params to the vector theta."""
+        return ravel_pytree(params)[0]
+
+    def unravel(self, theta: jax.Array) -> dict:
+        """Inverse of :meth:`ravel`."""
+        return self._unravel(theta)
+
+    def constrain(self, params: dict, model_args: tuple, model_kwargs: dict) -> dict:
+        """Constrained latent values plus the data-free deterministic sites."""
+        tr, _ = self._trace(params, model_args, model_kwargs)
+        keep = set(self.latent_sites) | set(self._deterministic)
+        return {n: s["value"] for n, s in tr.items() if n in keep}
+
+
+def _site_log_prob(site: dict) -> jax.Array:
+    if site.get("intermediates"):
+        lp = site["fn"].log_prob(site["value"], site["intermediates"])
+    else:
+        lp = site["fn"].log_prob(site["value"])
+    if site["scale"] is not None:
+        lp = site["scale"] * lp
+    return lp
