@@ -28,7 +28,8 @@ program, see :mod:`numpyro_dp.dataflow`).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,12 +68,30 @@ def _plates(trace: dict) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _all_finite(x: Any) -> bool:
+    x = np.asarray(x)
+    return not np.issubdtype(x.dtype, np.inexact) or bool(np.isfinite(x).all())
+
+
+def _nonfinite_message(what: str) -> str:
+    # Say which array, never where or how many: that is private.
+    return (
+        f"The data in {what} contain NaN or infinite values. Remove or "
+        "impute those rows before inference (imputation must not be "
+        "fitted on the private data, or it must be privatised itself)."
+    )
+
+
 def _in_plate(site: dict, plate: str) -> bool:
     return any(f.name == plate for f in site["cond_indep_stack"])
 
 
 def _is_factor(site: dict) -> bool:
-    return site["type"] == "sample" and site["is_observed"] and site["infer"].get("is_auxiliary", False)
+    return (
+        site["type"] == "sample"
+        and site["is_observed"]
+        and site["infer"].get("is_auxiliary", False)
+    )
 
 
 class PrivateModel:
@@ -87,9 +106,6 @@ class PrivateModel:
     data_plate : str, optional
         Name of the plate over data rows.  Auto-detected when exactly one plate
         holds every observed site.
-    require_continuous : bool
-        Reject discrete latent sites (the kernels move in unconstrained
-        Euclidean space, so a discrete latent has no proposal).
 
     Attributes
     ----------
@@ -107,17 +123,27 @@ class PrivateModel:
         model_args: tuple = (),
         model_kwargs: dict | None = None,
         data_plate: str | None = None,
-        require_continuous: bool = True,
     ):
         self.model = model
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-        trace = handlers.trace(handlers.seed(model, 0)).get_trace(
-            *model_args, **model_kwargs
-        )
+        try:
+            trace = handlers.trace(handlers.seed(model, 0)).get_trace(
+                *model_args, **model_kwargs
+            )
+        except Exception:
+            # NumPyro's argument validation trips over NaN/inf data (e.g. a NaN
+            # covariate makes an invalid `loc`) before the checks below can run:
+            # report the bad argument instead, without saying where or how many.
+            leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
+            for i, x in enumerate(leaves):
+                if _is_array(x) and not _all_finite(x):
+                    what = f"model argument #{i}"
+                    raise ModelSpecificationError(_nonfinite_message(what)) from None
+            raise
         self.data_plate, (self._plate_dim, self.num_rows) = self._find_data_plate(
             trace, data_plate
         )
-        self._check_sites(trace, require_continuous)
+        self._check_sites(trace)
         self.latent_sites = tuple(
             name
             for name, s in trace.items()
@@ -140,6 +166,10 @@ class PrivateModel:
             s for s in trace.values() if s["type"] == "sample" and s["is_observed"]
         ]
         likelihood = [s for s in observed if not _is_factor(s)]
+        if not likelihood:
+            # A likelihood written only with `numpyro.factor` inside a plate:
+            # those factors are the per-row terms (SPEC s1), so they locate the plate.
+            likelihood = [s for s in observed if s["cond_indep_stack"]]
         if not likelihood:
             raise ModelSpecificationError(
                 "The model has no observed sample site, so there is no data to "
@@ -176,7 +206,9 @@ class PrivateModel:
                     "Say which one runs over the data rows with `data_plate=`."
                 )
             chosen = common.pop()
-        outside = sorted(s["name"] for s in observed if not _in_plate(s, chosen) and not _is_factor(s))
+        outside = sorted(
+            s["name"] for s in observed if not _in_plate(s, chosen) and not _is_factor(s)
+        )
         if outside:
             raise ModelSpecificationError(
                 f"Observed site(s) {outside} lie outside the data plate "
@@ -194,7 +226,7 @@ class PrivateModel:
                     )
         return chosen, plates[chosen]
 
-    def _check_sites(self, trace: dict, require_continuous: bool) -> None:
+    def _check_sites(self, trace: dict) -> None:
         for name, site in trace.items():
             if site["type"] != "sample" or site["is_observed"]:
                 continue
@@ -206,7 +238,7 @@ class PrivateModel:
                     "otherwise marginalise it out (e.g. write the row likelihood "
                     "as a mixture) or move it out of the plate."
                 )
-            if require_continuous and site["fn"].is_discrete:
+            if site["fn"].is_discrete:
                 raise ModelSpecificationError(
                     f"Latent site {name!r} is discrete; the DP kernels move in "
                     "NumPyro's unconstrained Euclidean space and need continuous "
@@ -240,14 +272,8 @@ class PrivateModel:
             if s["type"] == "sample" and s["is_observed"] and not _is_factor(s)
         ]
         for what, x in named:
-            x = np.asarray(x)
-            if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
-                # Say which array, never where or how many: that is private.
-                raise ModelSpecificationError(
-                    f"The data in {what} contain NaN or infinite values. Remove or "
-                    "impute those rows before inference (imputation must not be "
-                    "fitted on the private data, or it must be privatised itself)."
-                )
+            if not _all_finite(x):
+                raise ModelSpecificationError(_nonfinite_message(what))
 
     def _check_data_free(self, example_u: dict, model_args: tuple, model_kwargs: dict):
         """Prove that prior terms and transforms do not read the rows.
@@ -299,7 +325,7 @@ class PrivateModel:
     # ------------------------------------------------------------- evaluation
     def _with_rows(self, leaves, treedef, row_leaves):
         leaves = list(leaves)
-        for i, x in zip(self._row_leaf_index, row_leaves):
+        for i, x in zip(self._row_leaf_index, row_leaves, strict=True):
             leaves[i] = x
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
@@ -373,7 +399,8 @@ class PrivateModel:
     def _per_row(self, log_prob: jax.Array, num_rows: int) -> jax.Array:
         """Sum a site's log-prob over every dimension but the data-plate one."""
         dim = self._plate_dim
-        log_prob = jnp.reshape(log_prob, (1,) * max(0, -dim - jnp.ndim(log_prob)) + jnp.shape(log_prob))
+        missing = max(0, -dim - jnp.ndim(log_prob))
+        log_prob = jnp.reshape(log_prob, (1,) * missing + jnp.shape(log_prob))
         log_prob = jnp.moveaxis(log_prob, dim, 0)
         log_prob = jnp.broadcast_to(log_prob, (num_rows,) + log_prob.shape[1:])
         return jnp.reshape(log_prob, (num_rows, -1)).sum(-1)

@@ -13,7 +13,7 @@ that additionally
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import dp_accounting as dpa
 from numpyro.infer.initialization import init_to_uniform

@@ -21,7 +21,8 @@ with NumPyro's windowed schedule.  Both are post-processing of releases.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import dp_accounting as dpa
 import jax
@@ -314,6 +315,4 @@ class DPPenalty(DPKernel):
         return self._sample_fn(state, model_args, model_kwargs)
 
     def get_diagnostics_str(self, state: Any) -> str:
-        return "acc. prob={:.2f}, scale={:.2e}".format(
-            state.mean_accept_prob, state.proposal_scale
-        )
+        return f"acc. prob={state.mean_accept_prob:.2f}, scale={state.proposal_scale:.2e}"

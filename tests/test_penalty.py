@@ -1,0 +1,157 @@
+"""DPPenalty targets the right posterior (SPEC s3).
+
+Tolerances come from the Monte Carlo error: MMDs are compared with the spread
+of MMDs between independent exact samples of the chain's effective size, and
+moments with their standard errors from the effective sample size.
+"""
+
+import jax
+import numpy as np
+import pytest
+from conftest import logistic_model, make_logistic_data
+from numpyro.diagnostics import effective_sample_size
+from numpyro.infer import MCMC, NUTS
+
+import numpyro_dp as ndp
+from numpyro_dp.metrics import mmd
+from numpyro_dp.models import (
+    banana_data,
+    banana_model,
+    banana_posterior_sample,
+    gaussian_model,
+    gaussian_posterior,
+)
+
+HUGE_EPSILON = 1e7  # noise negligible: checks the sampler, not the privacy
+
+
+def run(kernel, *args, num_warmup=1000, num_samples=5000, num_chains=4, epsilon=HUGE_EPSILON,
+        seed=0, **kwargs):
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
+                           num_chains=num_chains, epsilon=epsilon, delta=1e-6,
+                           chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
+    return mcmc
+
+
+def effective_draws(chains):
+    """Thin pooled draws to about the effective sample size (nearly independent)."""
+    ess = int(np.min(effective_sample_size(chains)))
+    flat = chains.reshape(-1, chains.shape[-1])
+    return flat[:: max(1, len(flat) // ess)][:ess]
+
+
+def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=20):
+    draws = effective_draws(chains)
+    size = len(draws)
+    assert size >= 50, f"chain mixed too poorly to test: effective size {size}"
+    observed = mmd(draws, exact_sampler(0, size), rng=0)
+    spread = [mmd(exact_sampler(2 * i + 1, size), exact_sampler(2 * i + 2, size), rng=i)
+              for i in range(replicates)]
+    assert observed <= max(spread), (observed, sorted(spread))
+
+
+def assert_moments_match(chains, reference_chains, z=4.0):
+    """Means and sds agree within z standard errors (from effective sample sizes)."""
+    d = chains.shape[-1]
+    x, r = chains.reshape(-1, d), reference_chains.reshape(-1, d)
+    ess_x, ess_r = effective_sample_size(chains), effective_sample_size(reference_chains)
+    se_mean = np.sqrt(x.var(0) / ess_x + r.var(0) / ess_r)
+    np.testing.assert_array_less(np.abs(x.mean(0) - r.mean(0)), z * se_mean)
+    se_log_sd = np.sqrt(1 / (2 * ess_x) + 1 / (2 * ess_r))
+    np.testing.assert_array_less(np.abs(np.log(x.std(0) / r.std(0))), z * se_log_sd)
+
+
+@pytest.mark.slow
+def test_banana_negligible_noise_matches_exact_posterior():
+    X = banana_data(jax.random.PRNGKey(1), 100_000)
+    kernel = ndp.DPPenalty(banana_model, llr_clip=10.0, proposal_scale=0.05)
+    mcmc = run(kernel, X, num_warmup=500, num_samples=3000)
+    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
+
+    def exact(seed, size):
+        return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size)
+
+    assert_mmd_within_exact_spread(chains, exact)
+
+
+def gaussian_problem(n=2000, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(d, d))
+    cov = A @ A.T / d + 0.5 * np.eye(d)
+    X = rng.multivariate_normal(np.arange(d, dtype=float), cov, size=n)
+    return X.astype(np.float32), cov.astype(np.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("proposal", ["random_walk", "one_coordinate", "guided"])
+def test_conjugate_gaussian_negligible_noise_matches_exact_posterior(proposal):
+    X, cov = gaussian_problem()
+    kernel = ndp.DPPenalty(gaussian_model, llr_clip=50.0, proposal_scale=0.05,
+                           proposal=proposal)
+    mcmc = run(kernel, X, cov, num_warmup=500, num_samples=4000)
+    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
+    mean, post_cov = gaussian_posterior(X, cov)
+    root = np.linalg.cholesky(post_cov)
+
+    def exact(seed, size):
+        return mean + np.random.default_rng(seed).normal(size=(size, len(mean))) @ root.T
+
+    assert_mmd_within_exact_spread(chains, exact)
+
+
+@pytest.mark.slow
+def test_real_noise_without_clipping_is_exact_vs_nuts():
+    """||x_i|| <= 1 bounds every ratio by h = llr_clip * h: nothing is clipped, so
+    the penalty method is exact although the noise is real (sigma ~ 1-3)."""
+    X, y = make_logistic_data(2000, 3)
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05)
+    mcmc = run(kernel, X, y=y, epsilon=20.0, num_warmup=1500, num_samples=6000)
+    assert kernel.noise_multiplier > 20  # the noise is not negligible
+    sigma_over_h = kernel.noise_multiplier * 2 * kernel.llr_clip
+    accept = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
+    assert 0.02 < accept < 0.9, accept
+    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
+
+    nuts = MCMC(NUTS(logistic_model), num_warmup=500, num_samples=2000, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    nuts.run(jax.random.PRNGKey(1), X, y=y)
+    reference = np.asarray(nuts.get_samples(group_by_chain=True)["w"])
+    assert sigma_over_h > 40
+    assert_moments_match(chains, reference)
+
+
+def test_proposal_scale_adapts_in_warmup_then_freezes(logistic_data):
+    X, y = logistic_data
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=1.0)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=300, num_samples=200, epsilon=1e3, delta=1e-6,
+                           progress_bar=False)
+    mcmc.warmup(jax.random.PRNGKey(0), X, y=y, collect_warmup=True,
+                extra_fields=("proposal_scale",))
+    warm = np.asarray(mcmc.get_extra_fields()["proposal_scale"])
+    assert len(np.unique(warm)) > 100  # tuned throughout warm-up
+    adapted = mcmc.post_warmup_state.adapt_state
+    proposal_sd = adapted.step_size * np.sqrt(adapted.inverse_mass_matrix)
+    posterior_sd = np.asarray(mcmc.get_samples()["w"])[150:].std(0)
+    # the poor initial sd 1.0 shrank to the posterior's scale (2.38/sqrt(d) x sd is optimal)
+    assert np.all(proposal_sd < 10 * posterior_sd) and np.all(proposal_sd > 0.1 * posterior_sd)
+    mcmc.run(jax.random.PRNGKey(1), X, y=y, extra_fields=("proposal_scale",))
+    after = np.asarray(mcmc.get_extra_fields()["proposal_scale"])
+    assert np.all(after == after[0])
+
+
+def test_guided_walk_keeps_direction_on_accept_and_flips_on_reject(logistic_data):
+    X, y = logistic_data
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+                           proposal="guided")
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=300, epsilon=1e3, delta=1e-6,
+                           progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y, extra_fields=("direction",))
+    direction = np.asarray(mcmc.get_extra_fields()["direction"])
+    accepted = np.asarray(mcmc.get_extra_fields()["accepted"])
+    changed = (direction[1:] != direction[:-1]).sum(1)
+    assert np.all(changed[accepted[1:]] == 0)
+    assert np.all(changed[~accepted[1:]] == 1)
+    w = np.asarray(mcmc.get_samples()["w"])
+    moved = (w[1:] != w[:-1]).sum(1)
+    assert np.all(moved <= 1)  # one coordinate at a time
