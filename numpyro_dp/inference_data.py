@@ -34,8 +34,9 @@ def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData:
         collected scalar fields that the kernel declares safe; ``attrs``: the
         privacy spent (``epsilon``, ``delta``, ``neighbourhood``,
         ``accountant``, ``num_releases``, ``noise_multipliers`` and the whole
-        ledger as JSON in ``privacy_ledger``).  There is no ``observed_data``
-        and no ``log_likelihood``.
+        ledger as JSON in ``privacy_ledger``), on the ``InferenceData`` and on
+        its ``posterior`` group.  There is no ``observed_data`` and no
+        ``log_likelihood``.
     """
     if not isinstance(mcmc, PrivateMCMC):
         raise TypeError("to_inference_data takes a numpyro_dp.PrivateMCMC")
@@ -45,9 +46,8 @@ def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData:
     safe = set(mcmc.sampler.private_safe_fields)
     stats = {}
     for field, value in mcmc.get_extra_fields(group_by_chain=True).items():
-        value = np.asarray(value)
-        if field in safe and value.ndim == 2:  # one scalar per (chain, draw)
-            stats[_STAT_NAMES.get(field, field)] = value
+        if field in safe and getattr(value, "ndim", None) == 2:  # a scalar per draw
+            stats[_STAT_NAMES.get(field, field)] = np.asarray(value)
     spent = mcmc.privacy_spent()
     attrs = {
         "epsilon": spent.epsilon,
@@ -60,4 +60,6 @@ def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData:
         "inference_library": "numpyro_dp",
         "sampler": type(mcmc.sampler).__name__,
     }
-    return az.from_dict(posterior=posterior, sample_stats=stats or None, attrs=attrs)
+    idata = az.from_dict(posterior=posterior, sample_stats=stats or None, attrs=attrs)
+    idata.posterior.attrs.update(attrs)  # group attrs survive every netCDF round trip
+    return idata

@@ -1,0 +1,38 @@
+# Developer tasks for numpyro-dp (GNU make).
+#
+#   make venv    create .venv and install the package with its test extras
+#   make demo    run examples/quickstart.py
+#   make test    run the test suite (exits non-zero on failure)
+#   make lint    run ruff on the repository
+#   make bench   run benchmarks/bench_penalty.py
+#   make clean   remove the virtual environment and caches
+
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -e ".[test]"
+	touch $@
+
+demo: $(STAMP)
+	$(VPY) examples/quickstart.py
+
+test: $(STAMP)
+	$(VPY) -m pytest -q
+
+lint: $(STAMP)
+	$(VPY) -m ruff check .
+
+bench: $(STAMP)
+	$(VPY) benchmarks/bench_penalty.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
