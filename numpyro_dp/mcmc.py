@@ -85,6 +85,13 @@ class PrivateMCMC(MCMC):
                 "was given: pass epsilon= (and delta=) to calibrate the noise to a "
                 "budget, or set noise_multiplier= on the kernel."
             )
+        if sampler._charged_by is not None:
+            raise ValueError(
+                f"This {type(sampler).__name__} is already accounted by another "
+                "PrivateMCMC. Keep using that runner (its ledger accumulates over "
+                "runs) or build a new kernel: a second runner would start a second, "
+                "separate ledger for the same data."
+            )
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError("num_chains must be a positive integer")
         super().__init__(

@@ -277,3 +277,10 @@ def test_to_inference_data_before_run_is_an_error(data):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, delta=1e-6)
     with pytest.raises(RuntimeError, match="run"):
         ndp.to_inference_data(mcmc)
+
+
+def test_a_kernel_cannot_be_accounted_by_two_ledgers():
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=5.0)
+    ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, delta=1e-6)
+    with pytest.raises(ValueError, match="already accounted"):
+        ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, delta=1e-6)
