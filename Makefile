@@ -2,7 +2,8 @@
 #
 #   make venv    create .venv and install the package with its test extras
 #   make demo    run examples/quickstart.py
-#   make test    run the test suite (exits non-zero on failure)
+#   make test    run the test suite (exits non-zero on failure);
+#                extra pytest arguments: make test PYTEST_ARGS='-k accounting'
 #   make lint    run ruff on the repository
 #   make bench   run benchmarks/bench_penalty.py
 #   make clean   remove the virtual environment and caches
@@ -11,6 +12,7 @@ PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
 
 .PHONY: venv demo test lint bench clean
 
@@ -26,7 +28,7 @@ demo: $(STAMP)
 	$(VPY) examples/quickstart.py
 
 test: $(STAMP)
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .
