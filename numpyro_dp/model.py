@@ -7,7 +7,10 @@ Every kernel of the library talks to a user's model only through
   the log-Jacobian of the transforms; it must not read the data, and
 * the per-row log-likelihoods ``l_i(theta)``: the log-probabilities of all
   observed sites and ``numpyro.factor`` sites inside the data plate, reduced
-  over every dimension except the data-plate dimension.
+  over every dimension except the data-plate dimension.  Each ``l_i`` is
+  computed by running the model on row ``i`` alone (vectorised over rows), so
+  it cannot read another row, whatever the model does with its arguments;
+  clipping ``l_i`` then bounds row ``i``'s influence.
 
 What counts as private data
 ---------------------------
@@ -158,6 +161,7 @@ class PrivateModel:
         self._unravel = ravel_pytree(example_u)[1]
         self.num_params = int(ravel_pytree(example_u)[0].size)
         self._deterministic = self._check_data_free(example_u, model_args, model_kwargs)
+        self._check_single_row(model_args, model_kwargs)
 
     # ------------------------------------------------------------------ setup
     def _find_data_plate(self, trace: dict, data_plate: str | None):
@@ -275,6 +279,46 @@ class PrivateModel:
             if not _all_finite(x):
                 raise ModelSpecificationError(_nonfinite_message(what))
 
+    def _check_single_row(self, model_args: tuple, model_kwargs: dict) -> None:
+        """Each l_i is computed from row i alone: the model must run on one row."""
+        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        args, kwargs = self._with_rows(
+            leaves, treedef, [jnp.asarray(leaves[i])[:1] for i in self._row_leaf_index]
+        )
+        try:
+            trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
+            size = self._plate_size(trace)
+        except Exception as err:  # the message may quote data values: name the type only
+            raise ModelSpecificationError(
+                f"The model fails ({type(err).__name__}) when given a single row of its "
+                "data. numpyro-dp evaluates every row's "
+                "log-likelihood on that row alone, so that no row's term can read "
+                "another row: take every size from the data (e.g. "
+                f"`numpyro.plate({self.data_plate!r}, X.shape[0])`) and do not compute "
+                "statistics across rows (such as standardising X) inside the model; "
+                "do that with public constants before the call."
+            ) from None
+        if size != 1:
+            raise ModelSpecificationError(
+                f"The data plate {self.data_plate!r} has size {size} when the model is "
+                "given a single row. numpyro-dp evaluates every row's log-likelihood on "
+                "that row alone, so the plate size must come from the data: write "
+                f"`numpyro.plate({self.data_plate!r}, X.shape[0])` instead of a constant."
+            )
+        # Same values as the full model on a few rows (else l_i reads other rows or n).
+        params = self.init_params(jax.random.PRNGKey(0), model_args, model_kwargs)
+        k = min(self.num_rows, 8)
+        full = self._split(params, model_args, model_kwargs)[1][:k]
+        alone = self.log_density_terms(params, model_args, model_kwargs, idx=jnp.arange(k))
+        if not np.allclose(full, alone.loglik_rows, rtol=1e-3, atol=1e-3, equal_nan=True):
+            raise ModelSpecificationError(
+                "A row's log-likelihood changes when the model is given that row "
+                "alone: the likelihood reads other rows (e.g. standardises X or uses "
+                "a column mean inside the model) or the number of rows. A row's term "
+                "may depend on that row only: compute such statistics from public "
+                "constants before the call, and pass n as a separate argument."
+            )
+
     def _check_data_free(self, example_u: dict, model_args: tuple, model_kwargs: dict):
         """Prove that prior terms and transforms do not read the rows.
 
@@ -376,13 +420,26 @@ class PrivateModel:
         LogDensityTerms
             Private values: clip and noise them before anything leaves a kernel.
         """
+        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        row_leaves = [jnp.asarray(leaves[i]) for i in self._row_leaf_index]
         if idx is not None:
-            leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-            model_args, model_kwargs = self._with_rows(
-                leaves, treedef, [jnp.asarray(leaves[i])[idx] for i in self._row_leaf_index]
-            )
+            row_leaves = [x[idx] for x in row_leaves]
+
+        def one_row(row):
+            # The model sees this row alone, so l_i cannot read another row (a
+            # model that, say, standardises X inside would otherwise make every
+            # l_i depend on every row, and clipping l_i would bound nothing).
+            args, kwargs = self._with_rows(leaves, treedef, [x[None] for x in row])
+            return self._split(params, args, kwargs)[1][0]
+
+        rows = jax.vmap(one_row)(row_leaves)
+        # The prior is data-free (proved at setup) but may use the public n.
+        return LogDensityTerms(self._split(params, model_args, model_kwargs)[0], rows)
+
+    def _split(self, params: dict, model_args: tuple, model_kwargs: dict):
+        """(prior, per-row log-likelihoods) of one run of the model."""
         tr, log_dets = self._trace(params, model_args, model_kwargs)
-        num_rows = self.num_rows if idx is None else jnp.shape(idx)[0]
+        num_rows = self._plate_size(tr)
         prior = sum(log_dets.values(), jnp.zeros(()))
         rows = jnp.zeros((num_rows,))
         for site in tr.values():
@@ -394,7 +451,10 @@ class PrivateModel:
                 rows = rows + self._per_row(_site_log_prob(site), num_rows)
             else:  # a data-free factor outside the plate (checked at setup)
                 prior = prior + jnp.sum(_site_log_prob(site))
-        return LogDensityTerms(prior, rows)
+        return prior, rows
+
+    def _plate_size(self, trace: dict) -> int:
+        return trace[self.data_plate]["args"][0]
 
     def _per_row(self, log_prob: jax.Array, num_rows: int) -> jax.Array:
         """Sum a site's log-prob over every dimension but the data-plate one."""

@@ -1165,3 +1165,47 @@ def test_logsumexp_mixture_likelihood():
         axis=0,
     )
     _close(rows, expected)
+
+
+def test_error_likelihood_reads_other_rows():
+    """Standardising X inside the model makes every l_i depend on every row."""
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        Xs = (X - X.mean(0)) / 2.0
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(Xs @ w, 1.0), obs=y)
+
+    X, y = _data()
+    with pytest.raises(ModelSpecificationError, match="reads other rows"):
+        PrivateModel(model, (X + 1.0, y))
+
+
+def test_error_hard_coded_plate_size():
+    X, y = _data()
+    n = X.shape[0]
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", n):
+            numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
+
+    with pytest.raises(ModelSpecificationError, match=r"X\.shape\[0\]"):
+        PrivateModel(model, (X, y))
+
+
+def test_row_terms_are_computed_from_each_row_alone():
+    """Even a model that would mix rows in a way the setup check misses cannot: the
+    kernel-facing l_i is the model run on row i alone."""
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w + 0.0 * X.sum(), 1.0), obs=y)
+
+    X, y = _data()
+    pm = PrivateModel(model, (X, y))
+    jac = jax.jacfwd(lambda X: pm.log_density_terms({"w": jnp.ones(3)}, (X, y), {}).loglik_rows)(
+        jnp.asarray(X))  # (n, n, d): d l_i / d X_j
+    off_diagonal = jac.at[jnp.arange(len(X)), jnp.arange(len(X))].set(0.0)
+    assert float(jnp.abs(off_diagonal).max()) == 0.0
