@@ -16,8 +16,10 @@ import math
 from collections.abc import Callable
 
 import dp_accounting as dpa
+from jax import random, vmap
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
+from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model import PrivateModel
@@ -119,6 +121,29 @@ class DPKernel(MCMCKernel):
                 "epsilon and delta to calibrate it, or pass noise_multiplier=."
             )
         return self._private_model
+
+    def _init_chains(self, rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn):
+        """Initialise one chain or a batch of chains (one key each), as NumPyro does.
+
+        ``init_fn(params, rng_key)`` builds a chain's state from unconstrained
+        ``params``; those come from the user or from the prior, never the data.
+        """
+        pm = self._private_model
+
+        def init_one(key, params):
+            key_init, key_state = random.split(key)
+            if params is None:
+                params = pm.init_params(key_init, model_args, model_kwargs, self._init_strategy)
+            return init_fn(params, key_state)
+
+        if is_prng_key(rng_key):
+            self._sample_fn = sample_fn
+            return init_one(rng_key, init_params)
+        self._sample_fn = vmap(sample_fn, in_axes=(0, None, None))
+        return vmap(init_one)(rng_key, init_params)
+
+    def sample(self, state, model_args, model_kwargs):
+        return self._sample_fn(state, model_args, model_kwargs)
 
     def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
         pm = self._private_model

@@ -27,10 +27,10 @@ from typing import Any, NamedTuple
 import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
-from jax import lax, random, vmap
+from jax import lax, random
 from numpyro.infer.hmc_util import HMCAdaptState, warmup_adapter
 from numpyro.infer.initialization import init_to_uniform
-from numpyro.util import identity, is_prng_key
+from numpyro.util import identity
 
 from numpyro_dp.kernels.base import DPKernel, check_positive
 from numpyro_dp.model import PrivateModel
@@ -296,23 +296,10 @@ class DPPenalty(DPKernel):
             dense_covariance=self.dense_covariance,
             target_accept_prob=self.target_accept_prob,
         )
-
-        def init_one(key, params):
-            key_init, key_state = random.split(key)
-            if params is None:
-                params = pm.init_params(key_init, model_args, model_kwargs, self._init_strategy)
-            return init_fn(params, self.proposal_scale, key_state)
-
-        if is_prng_key(rng_key):
-            state = init_one(rng_key, init_params)
-            self._sample_fn = sample_fn
-        else:
-            state = vmap(init_one)(rng_key, init_params)
-            self._sample_fn = vmap(sample_fn, in_axes=(0, None, None))
-        return state
-
-    def sample(self, state, model_args, model_kwargs):
-        return self._sample_fn(state, model_args, model_kwargs)
+        return self._init_chains(
+            rng_key, init_params, model_args, model_kwargs,
+            lambda params, key: init_fn(params, self.proposal_scale, key), sample_fn,
+        )
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"acc. prob={state.mean_accept_prob:.2f}, scale={state.proposal_scale:.2e}"
