@@ -1,0 +1,238 @@
+"""Clipped per-row gradient sums: every route equals a plain loop over rows."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from conftest import logistic_model
+
+from numpyro_dp.gradients import ROUTES, clip_weights, clipped_grad_sum_fn, select_route
+from numpyro_dp.model import PrivateModel
+from numpyro_dp.models import banana_data, banana_model, gaussian_model
+
+N, K = 24, 3  # rows, covariates
+
+
+def linreg_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0, 3))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w + b, sigma), obs=y)
+
+
+def poisson_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(X @ w)), obs=y)
+
+
+def two_sites_model(X, y=None, z=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    v = numpyro.sample("v", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w, 0.5), obs=y)
+        numpyro.sample("z", dist.Bernoulli(logits=X @ v), obs=z)
+
+
+def factor_model(X, y=None):
+    # Student-t-like robust regression written with a factor in the plate.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.factor("robust", -jnp.log1p((y - X @ w) ** 2))
+
+
+def wide_model(X, Y=None):
+    # The covariates meet the parameters elementwise before a nonlinearity and
+    # the scales are per column: no cut narrower than theta itself.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("Y", dist.Normal(jnp.sin(X * w), jnp.exp(w)).to_event(1), obs=Y)
+
+
+def nan_model(X, y=None):
+    # sqrt of a linear predictor: rows with X @ w < 0 have a NaN gradient.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.factor("f", jnp.sqrt(X @ w))
+
+
+def nan_shared_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.factor("f", jnp.sqrt(X @ w) * s - s**2)
+
+
+def _data(name):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(N, K))
+    if name == "logistic":
+        return logistic_model, (X,), {"y": (rng.uniform(size=N) < 0.5).astype(float)}
+    if name == "linreg":
+        return linreg_model, (X,), {"y": 1.0 + X @ [1.0, -2.0, 0.5] + rng.normal(size=N)}
+    if name == "poisson":
+        return poisson_model, (X,), {"y": rng.poisson(2.0, size=N).astype(float)}
+    if name == "banana":
+        return banana_model, (np.asarray(banana_data(jax.random.PRNGKey(0), N)),), {}
+    if name == "gaussian":
+        A = rng.uniform(size=(K, K))
+        return gaussian_model, (rng.normal(size=(N, K)), A @ A.T + np.eye(K)), {}
+    if name == "two_sites":
+        return two_sites_model, (X,), {
+            "y": rng.normal(size=N), "z": (rng.uniform(size=N) < 0.5).astype(float)
+        }
+    if name == "factor":
+        return factor_model, (X,), {"y": rng.standard_t(3, size=N)}
+    if name == "wide":
+        return wide_model, (X,), {"Y": rng.normal(size=(N, K))}
+    if name == "nan":
+        return nan_model, (X,), {}
+    if name == "nan_shared":
+        return nan_shared_model, (X,), {}
+    raise KeyError(name)
+
+
+# name -> (route auto takes, cut, m, q)
+EXPECTED = {
+    "logistic": ("linear_predictor", "linear", 1, 0),
+    "linreg": ("linear_predictor", "linear", 1, 2),
+    "poisson": ("linear_predictor", "linear", 1, 0),
+    "banana": ("linear_predictor", "parameter", 0, 2),
+    "gaussian": ("linear_predictor", "parameter", 0, K),
+    "two_sites": ("linear_predictor", "linear", 2, 0),
+    "factor": ("linear_predictor", "linear", 1, 0),
+    "wide": ("jacobian", None, None, None),
+}
+
+
+@functools.cache
+def _setup(name):
+    # Cached: building a PrivateModel runs its checks eagerly (~2 s per model).
+    # Every caller runs under the x64 fixture, so the cached float64 values fit.
+    model, args, kwargs = _data(name)
+    pm = PrivateModel(model, args, kwargs)
+    theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), args, kwargs))
+    return pm, args, kwargs, theta
+
+
+@functools.cache
+def _row_grad_fn(name):
+    pm, args, kwargs, _ = _setup(name)
+    return jax.jit(jax.grad(
+        lambda t, i: pm.log_density_terms(pm.unravel(t), args, kwargs, idx=i[None]).loglik_rows[0]
+    ))
+
+
+def _loop_reference(name, theta, clip=None):
+    """Grad of each row's log-likelihood, clipped, summed: a plain Python loop."""
+    row_grad = _row_grad_fn(name)
+    num_rows = _setup(name)[0].num_rows
+    grads = np.stack([np.asarray(row_grad(theta, jnp.asarray(i))) for i in range(num_rows)])
+    norms = np.linalg.norm(grads, axis=1)
+    finite = np.isfinite(norms)
+    if clip is None:  # clip about half of the rows
+        clip = float(np.median(norms[finite]))
+    total = np.zeros(grads.shape[1])
+    for g, nrm, ok in zip(grads, norms, finite, strict=True):
+        if ok:
+            total += g * min(1.0, clip / nrm)
+    return total, clip, norms
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_routes_equal_loop_over_rows(x64, name):
+    pm, args, kwargs, theta = _setup(name)
+    ref, clip, norms = _loop_reference(name, theta)
+    assert 0 < np.sum(norms > clip) < pm.num_rows  # the clip bites on some rows only
+    route, cut, m, q = EXPECTED[name]
+    choice = select_route(pm, args, kwargs)
+    assert (choice.route, choice.cut, choice.row_width, choice.shared_width) == (route, cut, m, q)
+    for r in ("auto", "jacobian"):
+        fn, taken = clipped_grad_sum_fn(pm, r, args, kwargs)
+        assert taken == (route if r == "auto" else r)
+        out = jax.jit(fn)(theta, clip, args, kwargs)
+        np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("name", ["poisson", "linreg"])
+def test_vmap_over_thetas_and_traced_clip(x64, name):
+    pm, args, kwargs, theta = _setup(name)
+    thetas = theta + 0.3 * jax.random.normal(jax.random.PRNGKey(3), (3,) + theta.shape)
+    fn, _ = clipped_grad_sum_fn(pm, "auto")
+    batched = jax.jit(jax.vmap(fn, (0, None, None, None)))(thetas, 0.7, args, kwargs)
+    for t, out in zip(thetas, batched, strict=True):
+        ref, _, _ = _loop_reference(name, t, clip=0.7)
+        np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+    # A clip that is itself vmapped (e.g. per chain) is a traced scalar.
+    clips = jnp.array([0.1, 0.7, 5.0])
+    per_clip = jax.jit(jax.vmap(fn, (None, 0, None, None)))(theta, clips, args, kwargs)
+    for c, out in zip(clips, per_clip, strict=True):
+        ref, _, _ = _loop_reference(name, theta, clip=float(c))
+        np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["nan", "nan_shared"])
+def test_nonfinite_rows_contribute_zero(x64, name):
+    pm, args, kwargs, theta = _setup(name)
+    ref, clip, norms = _loop_reference(name, theta)
+    assert 0 < np.sum(~np.isfinite(norms)) < pm.num_rows
+    assert select_route(pm, args, kwargs).route == "linear_predictor"
+    for r in ("auto", "linear_predictor", "jacobian"):
+        fn, _ = clipped_grad_sum_fn(pm, r)
+        out = jax.jit(fn)(theta, clip, args, kwargs)
+        assert np.all(np.isfinite(out))
+        np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_forced_routes(x64):
+    pm, args, kwargs, theta = _setup("poisson")
+    ref, clip, _ = _loop_reference("poisson", theta)
+    fn, taken = clipped_grad_sum_fn(pm, "linear_predictor", args, kwargs)
+    assert taken == "linear_predictor"
+    np.testing.assert_allclose(jax.jit(fn)(theta, clip, args, kwargs), ref, rtol=1e-10)
+
+
+def test_forced_linear_predictor_on_unsuitable_model_raises(x64):
+    pm, args, kwargs, theta = _setup("wide")
+    with pytest.raises(ValueError, match="does not apply to this model.*m <="):
+        clipped_grad_sum_fn(pm, "linear_predictor", args, kwargs)
+    fn, taken = clipped_grad_sum_fn(pm, "linear_predictor")  # no example: checked when traced
+    assert taken == "linear_predictor"
+    with pytest.raises(ValueError, match="does not apply"):
+        fn(theta, 1.0, args, kwargs)
+    with pytest.raises(ValueError, match="grad_route"):
+        clipped_grad_sum_fn(pm, "fast")
+    assert clipped_grad_sum_fn(pm, "auto")[1] == "auto"
+    assert ROUTES == ("auto", "jacobian", "linear_predictor")
+
+
+def test_clip_weights():
+    w = clip_weights(jnp.array([0.5, 2.0, 0.0, jnp.nan, jnp.inf]), 1.0)
+    np.testing.assert_allclose(w, [1.0, 0.5, 1.0, 0.0, 0.0])
+
+
+def test_dp_hmc_routes_agree(x64):
+    """The kernel's trajectories do not depend on the route (same keys, same noise)."""
+    from numpyro_dp.kernels.hmc import dp_hmc
+
+    pm, args, kwargs, _ = _setup("linreg")
+    states = {}
+    for route in ("auto", "jacobian"):
+        init_fn, sample_fn = dp_hmc(
+            pm, 0, num_steps=2, grad_clip=1.0, llr_clip=1.0, noise_multiplier_grad=2.0,
+            noise_multiplier_llr=2.0, sensitivity_factor=2.0, adapt_step_size=False,
+            adapt_mass_matrix=False, grad_route=route,
+        )
+        state = init_fn(pm.init_params(jax.random.PRNGKey(0), args, kwargs), 0.05, None,
+                        jax.random.PRNGKey(1))
+        step = functools.partial(sample_fn, model_args=args, model_kwargs=kwargs)
+        state = jax.jit(lambda s, step=step: jax.lax.fori_loop(0, 3, lambda i, s: step(s), s))(
+            state
+        )
+        states[route] = pm.ravel(state.z)
+    np.testing.assert_allclose(states["auto"], states["jacobian"], rtol=1e-9, atol=1e-9)
