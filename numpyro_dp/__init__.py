@@ -9,13 +9,15 @@ from numpyro_dp.accounting import (
     max_iterations,
 )
 from numpyro_dp.inference_data import to_inference_data
-from numpyro_dp.kernels import DPKernel, DPPenalty, DPPenaltyState
+from numpyro_dp.kernels import DPHMC, DPHMCState, DPKernel, DPPenalty, DPPenaltyState
 from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DPHMC",
+    "DPHMCState",
     "DPKernel",
     "DPPenalty",
     "DPPenaltyState",

@@ -15,7 +15,8 @@ from numpyro_dp.mcmc import PrivateMCMC
 
 # NumPyro state field -> ArviZ sample_stats name
 _STAT_NAMES = {"accept_prob": "acceptance_rate", "accepted": "accepted",
-               "proposal_scale": "proposal_scale", "mean_accept_prob": "mean_acceptance_rate"}
+               "proposal_scale": "proposal_scale", "mean_accept_prob": "mean_acceptance_rate",
+               "num_steps": "n_steps"}
 
 
 def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData:

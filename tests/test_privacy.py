@@ -13,6 +13,7 @@ import pytest
 from conftest import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
+from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
 from numpyro_dp.kernels.penalty import dp_penalty
 from numpyro_dp.model import PrivateModel
 
@@ -284,3 +285,52 @@ def test_a_kernel_cannot_be_accounted_by_two_ledgers():
     ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, delta=1e-6)
     with pytest.raises(ValueError, match="already accounted"):
         ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, delta=1e-6)
+
+
+# ------------------------------------------------------------------- DP-HMC
+@pytest.mark.parametrize("route", [r for r in ROUTES if r != "auto"])
+def test_clipped_gradient_sum_moves_by_at_most_the_sensitivity(data, route, x64):
+    """On neighbouring data sets (one row moved by 1e6) the sum of clipped per-row
+    gradients, the only data-dependent part of a gradient release, moves by at
+    most 2 b_g in l2 norm, for every route and at every theta."""
+    X, y = (np.asarray(a, np.float64) for a in data)
+    X2 = neighbour(X)
+    pm = PrivateModel(logistic_model, (X,), {"y": y})
+    fn, _ = clipped_grad_sum_fn(pm, route)
+    thetas = jax.random.normal(jax.random.PRNGKey(2), (64, 3)) * 3
+    grad_clip = 0.3
+    a = jax.vmap(lambda t: fn(t, grad_clip, (X,), {"y": y}))(thetas)
+    b = jax.vmap(lambda t: fn(t, grad_clip, (X2,), {"y": y}))(thetas)
+    gap = jnp.linalg.norm(a - b, axis=1)
+    assert float(gap.max()) <= 2 * grad_clip * (1 + 1e-12)
+    assert float(gap.max()) > grad_clip  # the moved row is clipped, not dropped
+
+
+def test_dphmc_state_and_outputs_hold_nothing_per_row(data):
+    X, y = data
+    kernel = ndp.DPHMC(logistic_model, step_size=0.02, num_steps=3, grad_clip=1.0,
+                       llr_clip=1.0)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=20, num_chains=2,
+                           epsilon=10.0, delta=1e-6, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y, extra_fields=ndp.DPHMCState._fields)
+    assert leaves_with_row_dimension(mcmc.last_state) == []
+    assert leaves_with_row_dimension(mcmc.get_extra_fields()) == []
+    fields = " ".join(ndp.DPHMCState._fields).lower()
+    for word in ("potential", "energy", "loglik", "grad", "clip", "ratio", "variance"):
+        assert word not in fields
+    # warm-up included, every chain, L + 1 gradient releases and one LLR release
+    assert mcmc.privacy_spent().num_releases == 2 * 40 * (3 + 2)
+
+
+def test_dphmc_initial_point_does_not_depend_on_the_data(data):
+    X, y = data
+    states = []
+    for values in (X, neighbour(X)):
+        kernel = ndp.DPHMC(logistic_model, grad_clip=1.0, llr_clip=1.0,
+                           noise_multiplier_grad=5.0, noise_multiplier_llr=5.0)
+        ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=2, delta=1e-6)
+        kernel.prepare((values,), {"y": y})
+        states.append(kernel.init(jax.random.PRNGKey(5), 0, None, (values,), {"y": y}))
+    for a, b in zip(jax.tree_util.tree_leaves(states[0]), jax.tree_util.tree_leaves(states[1]),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)

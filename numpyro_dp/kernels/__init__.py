@@ -1,6 +1,7 @@
 """Differentially private MCMC kernels."""
 
 from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.kernels.hmc import DPHMC, DPHMCState, dp_hmc
 from numpyro_dp.kernels.penalty import DPPenalty, DPPenaltyState, dp_penalty
 
-__all__ = ["DPKernel", "DPPenalty", "DPPenaltyState", "dp_penalty"]
+__all__ = ["DPHMC", "DPHMCState", "DPKernel", "DPPenalty", "DPPenaltyState", "dp_hmc", "dp_penalty"]

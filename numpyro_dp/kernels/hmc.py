@@ -1,0 +1,475 @@
+"""DP-HMC: Hamiltonian Monte Carlo on noisy clipped gradients with a penalty test.
+
+Raisa, Koskela & Honkela (2021), paper 004 Algorithm 1; SPEC s5.  Per
+iteration, from theta_0 with momentum p_0 ~ N(0, M):
+
+1. leapfrog with the noisy gradient
+   ``g(theta) = T sum_i clip_{b_g}(grad l_i(theta)) + N(0, sigma_g^2 I) + grad log p(theta)``,
+   ``sigma_g = z_g * Delta_g``, ``Delta_g = 2 T b_g`` (substitute) or ``T b_g``
+   (add/remove): half kick, L - 1 (drift, full kick), drift, half kick, i.e.
+   L + 1 gradient releases, each with fresh noise;
+2. h = ||theta_L - theta_0||, c = b_l h,
+   ``R = T sum_i clip_c(l_i(theta_L) - l_i(theta_0))``, released as
+   ``R + xi``, ``xi ~ N(0, sigma_l^2)``, ``sigma_l = z_l * Delta_l`` with
+   ``Delta_l = 2 T c`` (substitute) or ``T c``;
+3. ``Delta_H = R + xi + log p(theta_L) - log p(theta_0) + K(p_0) - K(p_L)``;
+   accept iff ``log u < Delta_H - sigma_l^2 / 2``.
+
+Privacy cost of one iteration: one Gaussian release with noise multiplier
+``z_l`` and L + 1 with ``z_g`` (zCDP ``rho = 1/(2 z_l^2) + (L+1)/(2 z_g^2)``),
+declared by :meth:`DPHMC.per_iteration_event`.  If no log-likelihood ratio is
+clipped, the chain targets the exact tempered posterior whatever the gradient
+noise and clipping (paper 004 Thm 3.3): those only lower the acceptance rate.
+
+Everything a state carries is a post-processing of the releases: the
+trajectory is a function of the released noisy gradients and the (public)
+prior, the acceptance probability of the released ``R + xi``.  The exact
+potential energy and gradient, which NumPyro's ``HMCState`` carries, are never
+stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+from jax import lax, random
+from numpyro.infer.hmc_util import HMCAdaptState, warmup_adapter
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.util import identity
+
+from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
+from numpyro_dp.kernels.base import DPKernel, check_positive
+from numpyro_dp.model import PrivateModel
+
+
+class DPHMCState(NamedTuple):
+    """State of :class:`DPHMC`; every field is safe to publish.
+
+    Attributes
+    ----------
+    i : int
+        Iteration counter (warm-up included).
+    z : dict
+        Current point in unconstrained space.
+    accept_prob : float
+        Noisy acceptance probability ``min(1, exp(Delta_H - sigma_l^2 / 2))``.
+    accepted : bool
+        Whether the proposal was accepted.
+    diverging : bool
+        The trajectory left the finite numbers or the noisy energy error
+        exceeded 1000 (computed from released values only).
+    mean_accept_prob : float
+        Running mean of ``accept_prob`` (reset after warm-up).
+    step_size : float
+        Step size used in this iteration (after jitter).
+    num_steps : int
+        Leapfrog steps per iteration (fixed: each one is a charged release).
+    adapt_state : HMCAdaptState
+        NumPyro's adaptation state (step size by dual averaging on the noisy
+        acceptance probability, mass matrix from the chain's draws).
+    halton_shift : float
+        Random shift of this chain's Halton sequence (step-size jitter).
+    rng_key : jax.random key
+    """
+
+    i: jax.Array
+    z: dict
+    accept_prob: jax.Array
+    accepted: jax.Array
+    diverging: jax.Array
+    mean_accept_prob: jax.Array
+    step_size: jax.Array
+    num_steps: jax.Array
+    adapt_state: HMCAdaptState
+    halton_shift: jax.Array
+    rng_key: jax.Array
+
+
+def gaussian_release(key: jax.Array, value: jax.Array, sigma: jax.Array) -> jax.Array:
+    """``value + N(0, sigma^2)``: every Gaussian mechanism of the kernel goes through here."""
+    return value + sigma * random.normal(key, jnp.shape(value), jnp.result_type(value))
+
+
+def van_der_corput(i: jax.Array) -> jax.Array:
+    """Base-2 radical inverse of the integer ``i`` (the 1-D Halton sequence)."""
+    bits = (i.astype(jnp.uint32) >> jnp.arange(32, dtype=jnp.uint32)) & 1
+    return jnp.sum(bits * 0.5 ** jnp.arange(1, 33, dtype=jnp.float32))
+
+
+def split_noise_multiplier(
+    noise_multiplier: float, num_steps: int, llr_budget_fraction: float
+) -> tuple[float, float]:
+    """``(z_grad, z_llr)`` whose iteration has zCDP ``1 / (2 noise_multiplier^2)``.
+
+    A fraction ``llr_budget_fraction`` of the per-iteration zCDP goes to the
+    LLR release, the rest is shared equally by the ``num_steps + 1`` gradient
+    releases.
+    """
+    z_llr = noise_multiplier / math.sqrt(llr_budget_fraction)
+    z_grad = noise_multiplier * math.sqrt((num_steps + 1) / (1.0 - llr_budget_fraction))
+    return z_grad, z_llr
+
+
+def dp_hmc(
+    private_model: PrivateModel,
+    num_warmup: int,
+    *,
+    num_steps: int,
+    grad_clip: float,
+    llr_clip: float,
+    noise_multiplier_grad: float,
+    noise_multiplier_llr: float,
+    sensitivity_factor: float,
+    temperature: float = 1.0,
+    step_size_jitter: float = 0.0,
+    adapt_step_size: bool = True,
+    adapt_mass_matrix: bool = True,
+    dense_mass: bool = False,
+    target_accept_prob: float = 0.8,
+    grad_route: str = "auto",
+) -> tuple[Callable, Callable]:
+    """Functional core of DP-HMC.
+
+    Returns
+    -------
+    init_fn(init_params, step_size, inverse_mass_matrix, rng_key) -> DPHMCState
+    sample_fn(state, model_args, model_kwargs) -> DPHMCState
+    """
+    pm = private_model
+    dim = pm.num_params
+    clipped_sum, _ = clipped_grad_sum_fn(pm, grad_route)
+    sigma_grad = noise_multiplier_grad * sensitivity_factor * temperature * grad_clip
+    wa_init, wa_update = warmup_adapter(
+        num_warmup,
+        adapt_step_size=adapt_step_size,
+        adapt_mass_matrix=adapt_mass_matrix,
+        dense_mass=dense_mass,
+        target_accept_prob=target_accept_prob,
+    )
+
+    def init_fn(init_params: dict, step_size: float, inverse_mass_matrix, rng_key):
+        rng_key, key_wa, key_shift = random.split(rng_key, 3)
+        theta = pm.ravel(init_params)
+        adapt_state = wa_init(
+            (theta,), key_wa, step_size, inverse_mass_matrix=inverse_mass_matrix,
+            mass_matrix_size=dim,
+        )
+        zero = jnp.zeros((), theta.dtype)
+        return DPHMCState(
+            i=jnp.array(0),
+            z=init_params,
+            accept_prob=zero,
+            accepted=jnp.array(False),
+            diverging=jnp.array(False),
+            mean_accept_prob=zero,
+            step_size=adapt_state.step_size,
+            num_steps=jnp.array(num_steps),
+            adapt_state=adapt_state,
+            halton_shift=random.uniform(key_shift, (), theta.dtype),
+            rng_key=rng_key,
+        )
+
+    def sample_fn(state: DPHMCState, model_args: tuple, model_kwargs: dict) -> DPHMCState:
+        rng_key, key_p, key_grads, key_llr, key_u = random.split(state.rng_key, 5)
+        a = state.adapt_state
+        inv_mass = a.inverse_mass_matrix
+        theta0 = pm.ravel(state.z)
+
+        def velocity(p):
+            return inv_mass @ p if dense_mass else inv_mass * p
+
+        def kinetic(p):
+            return 0.5 * jnp.dot(velocity(p), p)
+
+        def prior(theta):
+            return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
+
+        def noisy_grad(theta, key):  # one Gaussian release (plus the public prior)
+            clipped = temperature * clipped_sum(theta, grad_clip, model_args, model_kwargs)
+            return gaussian_release(key, clipped, sigma_grad) + jax.grad(prior)(theta)
+
+        # Step-size jitter by a randomised Halton sequence (paper 004 s3): constant
+        # within a trajectory, so the invariant distribution is unchanged.
+        u = jnp.mod(van_der_corput(state.i + 1).astype(theta0.dtype) + state.halton_shift, 1.0)
+        eta = a.step_size * (1.0 + step_size_jitter * (2.0 * u - 1.0))
+
+        eps = random.normal(key_p, (dim,), theta0.dtype)
+        root = a.mass_matrix_sqrt
+        p0 = root @ eps if dense_mass else root * eps
+        keys = random.split(key_grads, num_steps + 1)
+        p = p0 + 0.5 * eta * noisy_grad(theta0, keys[0])
+
+        def leapfrog(s, carry):
+            theta, p = carry
+            theta = theta + eta * velocity(p)
+            kick = jnp.where(s < num_steps, eta, 0.5 * eta)
+            return theta, p + kick * noisy_grad(theta, keys[s])
+
+        theta1, p1 = lax.fori_loop(1, num_steps + 1, leapfrog, (theta0, p))
+
+        # The penalty test on the clipped log-likelihood ratio.
+        old = pm.log_density_terms(pm.unravel(theta0), model_args, model_kwargs)
+        new = pm.log_density_terms(pm.unravel(theta1), model_args, model_kwargs)
+        clip = llr_clip * jnp.linalg.norm(theta1 - theta0)
+        ratio = new.loglik_rows - old.loglik_rows
+        ratio = jnp.where(jnp.isnan(ratio), -clip, ratio)  # still bounded by the clip
+        llr = temperature * jnp.sum(jnp.clip(ratio, -clip, clip))
+        sigma_llr = noise_multiplier_llr * sensitivity_factor * temperature * clip
+        noisy_llr = gaussian_release(key_llr, llr, sigma_llr)
+
+        delta_h = noisy_llr + new.prior - old.prior + kinetic(p0) - kinetic(p1)
+        log_accept = delta_h - 0.5 * sigma_llr**2
+        finite = jnp.all(jnp.isfinite(theta1)) & jnp.isfinite(log_accept)
+        log_accept = jnp.where(finite, log_accept, -jnp.inf)
+        diverging = ~finite | (delta_h < -1000.0)
+        accept_prob = jnp.exp(jnp.minimum(log_accept, 0.0))
+        accepted = jnp.log(random.uniform(key_u, (), theta0.dtype)) < log_accept
+        theta = jnp.where(accepted, theta1, theta0)
+
+        i = state.i
+        if num_warmup > 0:
+            a = lax.cond(
+                i < num_warmup,
+                lambda a: wa_update(i, accept_prob, (theta,), a),
+                identity,
+                a,
+            )
+        n = jnp.where(i < num_warmup, i, i - num_warmup)
+        mean_accept_prob = state.mean_accept_prob + (accept_prob - state.mean_accept_prob) / (n + 1)
+        return DPHMCState(
+            i + 1, pm.unravel(theta), accept_prob, accepted, diverging, mean_accept_prob,
+            eta, state.num_steps, a, state.halton_shift, rng_key,
+        )
+
+    return init_fn, sample_fn
+
+
+class DPHMC(DPKernel):
+    """Differentially private Hamiltonian Monte Carlo (DP-HMC).
+
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model with a plate over the data rows.
+    step_size : float
+        Leapfrog step size ``eta`` in unconstrained space (initial value when
+        ``adapt_step_size``).
+    num_steps : int
+        Leapfrog steps ``L`` per iteration; each iteration makes ``L + 1``
+        gradient releases, so ``L`` is part of the privacy cost.
+    grad_clip : float
+        ``b_g``: every row's log-likelihood gradient is clipped to this l2 norm.
+    llr_clip : float
+        ``b_l``: every row's log-likelihood ratio is clipped to ``b_l h`` with
+        ``h = ||theta_L - theta_0||``.  If no ratio is clipped the chain is exact.
+    noise_multiplier_grad, noise_multiplier_llr : float, optional
+        ``z_g`` and ``z_l``.  Give both, or neither and let
+        :class:`~numpyro_dp.PrivateMCMC` calibrate them to a budget.
+    llr_budget_fraction : float
+        When calibrated: the fraction of each iteration's zCDP spent on the LLR
+        release; the rest is split equally among the ``L + 1`` gradient
+        releases, so that ``1/z_l^2 = f / z^2`` and ``(L + 1)/z_g^2 = (1 - f) / z^2``
+        for the calibrated per-iteration multiplier ``z``.  The reference
+        settings of the DP-HMC paper spend about 0.54 on the LLR.
+    temperature, neighbourhood, data_plate :
+        As for every kernel (SPEC s0).
+    inverse_mass_matrix : array, optional
+        Initial inverse mass matrix over the flattened unconstrained parameters
+        (1-D for diagonal, 2-D for dense); identity by default.
+    dense_mass : bool
+        Dense rather than diagonal mass matrix.
+    adapt_step_size : bool
+        Dual averaging of ``eta`` in warm-up on the noisy acceptance probability.
+    adapt_mass_matrix : bool
+        Estimate the mass matrix from warm-up draws (NumPyro's windows).
+    target_accept_prob : float
+        Target of the step-size adaptation (as in NumPyro).
+    step_size_jitter : float
+        ``j`` in [0, 1): each iteration uses ``eta (1 + j (2 u_t - 1))`` with
+        ``u_t`` a randomised Halton sequence (van der Corput, random shift per
+        chain).  ``0`` (the default) keeps ``eta`` fixed, as NumPyro's HMC does.
+        The DP-HMC paper's code uses ``eta u_t``, i.e. ``j = 1`` with half its
+        nominal step size.
+    grad_route : {"auto", "jacobian"}
+        How the per-row clipped gradient sum is computed (see
+        :mod:`numpyro_dp.gradients`); all routes are exact.
+    init_strategy : callable
+        NumPyro init strategy (prior-based; default ``init_to_uniform``).
+
+    Notes
+    -----
+    Float32 and float64 are both correct for privacy (every row is clipped
+    before summing, whatever the rounding).  In float32 a log-likelihood ratio
+    is a difference of two float32 sums and loses about 1e-7 |l_i| per row;
+    enable ``jax_enable_x64`` when the per-row ratios are tiny, at about twice
+    the cost per iteration.
+    """
+
+    private_safe_fields = DPHMCState._fields
+    default_fields = ("z", "accept_prob", "accepted", "diverging")
+
+    def __init__(
+        self,
+        model: Callable,
+        step_size: float = 1.0,
+        num_steps: int = 10,
+        *,
+        grad_clip: float,
+        llr_clip: float,
+        noise_multiplier_grad: float | None = None,
+        noise_multiplier_llr: float | None = None,
+        llr_budget_fraction: float = 0.5,
+        temperature: float = 1.0,
+        neighbourhood: str = "substitute",
+        data_plate: str | None = None,
+        inverse_mass_matrix: Any = None,
+        dense_mass: bool = False,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
+        target_accept_prob: float = 0.8,
+        step_size_jitter: float = 0.0,
+        grad_route: str = "auto",
+        init_strategy: Callable = init_to_uniform,
+    ):
+        if not (isinstance(num_steps, int) and num_steps >= 1):
+            raise ValueError(
+                f"num_steps={num_steps!r} must be a positive integer: each leapfrog "
+                "step is a charged gradient release."
+            )
+        if not 0 < llr_budget_fraction < 1:
+            raise ValueError(
+                f"llr_budget_fraction={llr_budget_fraction!r} must lie in (0, 1): both "
+                "the gradients and the log-likelihood ratio need some of the budget."
+            )
+        if (noise_multiplier_grad is None) != (noise_multiplier_llr is None):
+            raise ValueError(
+                "Give both noise_multiplier_grad and noise_multiplier_llr, or neither "
+                "(PrivateMCMC then calibrates them to the budget, splitting it by "
+                "llr_budget_fraction)."
+            )
+        self.num_steps = num_steps
+        self.llr_budget_fraction = float(llr_budget_fraction)
+        noise_multiplier = None
+        if noise_multiplier_grad is not None:
+            for name, z in (("noise_multiplier_grad", noise_multiplier_grad),
+                            ("noise_multiplier_llr", noise_multiplier_llr)):
+                check_positive(name, z, "or leave both None and give PrivateMCMC a budget.")
+            # The single Gaussian multiplier with the same per-iteration zCDP.
+            noise_multiplier = 1.0 / math.sqrt(
+                1.0 / noise_multiplier_llr**2 + (num_steps + 1) / noise_multiplier_grad**2
+            )
+        self._explicit = (
+            None if noise_multiplier_grad is None
+            else (float(noise_multiplier_grad), float(noise_multiplier_llr))
+        )
+        super().__init__(
+            model,
+            noise_multiplier=noise_multiplier,
+            neighbourhood=neighbourhood,
+            temperature=temperature,
+            data_plate=data_plate,
+            init_strategy=init_strategy,
+        )
+        self.step_size = check_positive(
+            "step_size", step_size, "it is the leapfrog step in unconstrained space."
+        )
+        self.grad_clip = check_positive(
+            "grad_clip", grad_clip,
+            "it bounds the l2 norm of each row's log-likelihood gradient.",
+        )
+        self.llr_clip = check_positive(
+            "llr_clip", llr_clip,
+            "it bounds each row's log-likelihood ratio per unit of trajectory length.",
+        )
+        if not 0 <= step_size_jitter < 1:
+            raise ValueError(f"step_size_jitter={step_size_jitter!r} must lie in [0, 1).")
+        if not 0 < target_accept_prob < 1:
+            raise ValueError(f"target_accept_prob={target_accept_prob} must lie in (0, 1).")
+        self.step_size_jitter = float(step_size_jitter)
+        self.target_accept_prob = target_accept_prob
+        self.inverse_mass_matrix = inverse_mass_matrix
+        self.dense_mass = dense_mass
+        self.adapt_step_size = adapt_step_size
+        self.adapt_mass_matrix = adapt_mass_matrix
+        if grad_route not in ROUTES:
+            raise ValueError(f"grad_route={grad_route!r}; use one of {ROUTES}.")
+        self.grad_route = grad_route
+
+    # ------------------------------------------------------------ privacy
+    def noise_multipliers(self, noise_multiplier: float | None = None) -> tuple[float, float]:
+        """``(z_grad, z_llr)``: explicit, or split from the per-iteration ``noise_multiplier``."""
+        if noise_multiplier is None and self._explicit is not None:
+            return self._explicit
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if z is None:
+            raise RuntimeError("DPHMC has no noise multipliers yet; PrivateMCMC calibrates them.")
+        return split_noise_multiplier(z, self.num_steps, self.llr_budget_fraction)
+
+    @property
+    def noise_multiplier_grad(self) -> float | None:
+        return None if self.noise_multiplier is None else self.noise_multipliers()[0]
+
+    @property
+    def noise_multiplier_llr(self) -> float | None:
+        return None if self.noise_multiplier is None else self.noise_multipliers()[1]
+
+    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
+        """One LLR release and ``num_steps + 1`` gradient releases."""
+        z_grad, z_llr = self.noise_multipliers(noise_multiplier)
+        return dpa.ComposedDpEvent([
+            dpa.GaussianDpEvent(z_llr),
+            dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z_grad), self.num_steps + 1),
+        ])
+
+    # ------------------------------------------------------------ sampling
+    def _initial_inverse_mass_matrix(self, dtype):
+        dim = self._private_model.num_params
+        if self.inverse_mass_matrix is None:
+            return None
+        m = jnp.asarray(self.inverse_mass_matrix, dtype)
+        expected = (dim, dim) if self.dense_mass else (dim,)
+        if m.shape != expected:
+            raise ValueError(
+                f"inverse_mass_matrix has shape {m.shape}; with dense_mass={self.dense_mass} "
+                f"and {dim} unconstrained parameters it must have shape {expected}."
+            )
+        return m
+
+    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs)
+        self._initial_inverse_mass_matrix(jnp.result_type(float))  # before any charge
+        return pm
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        pm = self._require_runner(self.noise_multiplier)
+        z_grad, z_llr = self.noise_multipliers()
+        init_fn, sample_fn = dp_hmc(
+            pm,
+            num_warmup,
+            num_steps=self.num_steps,
+            grad_clip=self.grad_clip,
+            llr_clip=self.llr_clip,
+            noise_multiplier_grad=z_grad,
+            noise_multiplier_llr=z_llr,
+            sensitivity_factor=self.sensitivity_factor,
+            temperature=self.temperature,
+            step_size_jitter=self.step_size_jitter,
+            adapt_step_size=self.adapt_step_size,
+            adapt_mass_matrix=self.adapt_mass_matrix,
+            dense_mass=self.dense_mass,
+            target_accept_prob=self.target_accept_prob,
+            grad_route=self.grad_route,
+        )
+        inv_mass = self._initial_inverse_mass_matrix(jnp.result_type(float))
+        return self._init_chains(
+            rng_key, init_params, model_args, model_kwargs,
+            lambda params, key: init_fn(params, self.step_size, inv_mass, key), sample_fn,
+        )
+
+    def get_diagnostics_str(self, state: Any) -> str:
+        return f"acc. prob={state.mean_accept_prob:.2f}, step size={state.step_size:.2e}"
