@@ -10,6 +10,7 @@ import numpyro.distributions as dist
 import pytest
 from conftest import logistic_model
 
+from numpyro_dp import gradients
 from numpyro_dp.gradients import ROUTES, clip_weights, clipped_grad_sum_fn, select_route
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.models import banana_data, banana_model, gaussian_model
@@ -157,6 +158,17 @@ def test_routes_equal_loop_over_rows(x64, name):
         assert taken == (route if r == "auto" else r)
         out = jax.jit(fn)(theta, clip, args, kwargs)
         np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("block", [5, 8, N])  # 4 blocks + 4 rows; 3 blocks; one block
+@pytest.mark.parametrize("name", ["linreg", "nan"])
+def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, block):
+    monkeypatch.setattr(gradients, "ROW_BLOCK", block)
+    pm, args, kwargs, theta = _setup(name)
+    ref, clip, _ = _loop_reference(name, theta)
+    fn, _ = clipped_grad_sum_fn(pm, "jacobian")
+    out = jax.jit(fn)(theta, clip, args, kwargs)
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
 
 
 @pytest.mark.parametrize("name", ["poisson", "linreg"])
