@@ -372,6 +372,8 @@ def kernel_kwargs(**overrides):
     ({"step_size_jitter": -0.1}, "step_size_jitter"),
     ({"target_accept_prob": 1.0}, "target_accept_prob"),
     ({"grad_route": "nope"}, "grad_route"),
+    ({"dense_mass": [("w",)]}, "dense_mass"),
+    ({"inverse_mass_matrix": {("w",): np.ones(3)}}, "inverse_mass_matrix"),
 ])
 def test_bad_arguments_raise_clear_errors(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -390,6 +390,18 @@ class DPHMC(DPKernel):
             raise ValueError(f"step_size_jitter={step_size_jitter!r} must lie in [0, 1).")
         if not 0 < target_accept_prob < 1:
             raise ValueError(f"target_accept_prob={target_accept_prob} must lie in (0, 1).")
+        if not isinstance(dense_mass, bool):
+            raise ValueError(
+                f"dense_mass={dense_mass!r} must be True or False: DPHMC uses one "
+                "(diagonal or dense) mass matrix over all flattened unconstrained "
+                "parameters; NumPyro's per-site blocks are not supported."
+            )
+        if isinstance(inverse_mass_matrix, dict):
+            raise ValueError(
+                "inverse_mass_matrix must be one array over the flattened unconstrained "
+                "parameters (1-D for diagonal, 2-D with dense_mass=True), not a dict of "
+                "per-site blocks."
+            )
         self.step_size_jitter = float(step_size_jitter)
         self.target_accept_prob = target_accept_prob
         self.inverse_mass_matrix = inverse_mass_matrix
