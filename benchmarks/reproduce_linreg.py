@@ -23,6 +23,7 @@ import math
 import pathlib
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -75,7 +76,7 @@ def _exact_model(S, z, yy, n, prior):
     theta = numpyro.sample("theta", dist.MultivariateNormal(prior.mean, prior.cov))
     s2 = numpyro.sample("sigma_y2", dist.InverseGamma(prior.a, prior.b))
     rss = yy - 2 * theta @ z + theta @ S @ theta
-    numpyro.factor("lik", -n / 2 * numpyro.numpy.log(s2) - rss / (2 * s2))
+    numpyro.factor("lik", -n / 2 * jnp.log(s2) - rss / (2 * s2))
 
 
 def nonprivate_theta(key, X, y, prior, num_samples):
@@ -218,8 +219,10 @@ def main():
     p.add_argument("--report", action="store_true", help="only redraw figures and tables")
     p.add_argument("--runs", type=int)
     p.add_argument("--n", type=int, default=100_000)
+    p.add_argument("--only", choices=("sim", "real"), help="run one experiment")
+    p.add_argument("--dims", type=int, nargs="+", default=[2, 5])
+    p.add_argument("--holders", type=int, nargs="+", default=[1, 5])
     args = p.parse_args()
-    args.dims, args.holders = (2, 5), (1, 5)
     if args.quick:
         args.runs = args.runs or 3
         args.eps, args.warmup, args.samples = (0.1, 0.5, 2.0, 10.0), 300, 500
@@ -228,8 +231,10 @@ def main():
         args.eps, args.warmup, args.samples = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0), 1000, 1000
     OUT.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        real(args)
-        simulated(args)
+        if args.only != "sim":
+            real(args)
+        if args.only != "real":
+            simulated(args)
     figures()
 
 
