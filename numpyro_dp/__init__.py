@@ -1,5 +1,6 @@
 """numpyro-dp: differentially private MCMC for NumPyro models."""
 
+from numpyro_dp import linreg, mechanisms
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
     PrivacyLedger,
@@ -29,6 +30,8 @@ __all__ = [
     "PrivateModel",
     "calibrate_noise_multiplier",
     "epsilon_spent",
+    "linreg",
     "max_iterations",
+    "mechanisms",
     "to_inference_data",
 ]

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import dp_accounting as dpa
 import numpy as np
 from dp_accounting import gaussian_mechanism
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import log_ndtr
 
@@ -192,6 +192,65 @@ def noise_multipliers(event: dpa.DpEvent) -> tuple[float, ...]:
     return tuple(sorted(out))
 
 
+def pure_releases(event: dpa.DpEvent) -> list[tuple[dpa.DpEvent, int]] | None:
+    """``[(leaf, count), ...]`` if ``event`` composes only plain Gaussian,
+    Laplace and randomized-response releases, at least one of them not
+    Gaussian (one-shot releases of :mod:`numpyro_dp.mechanisms`); else None.
+    """
+    leaves = (dpa.GaussianDpEvent, dpa.LaplaceDpEvent, dpa.RandomizedResponseDpEvent)
+
+    def walk(e, count):
+        if isinstance(e, dpa.NoOpDpEvent):
+            return []
+        if isinstance(e, leaves):
+            return [(e, count)]
+        if isinstance(e, dpa.SelfComposedDpEvent):
+            return walk(e.event, count * e.count)
+        if isinstance(e, dpa.ComposedDpEvent):
+            out = []
+            for x in e.events:
+                inner = walk(x, count)
+                if inner is None:
+                    return None
+                out += inner
+            return out
+        return None
+
+    out = walk(event, 1)
+    if out is None or all(isinstance(e, dpa.GaussianDpEvent) for e, _ in out):
+        return None
+    return out
+
+
+def _pure_epsilon(releases: list[tuple[dpa.DpEvent, int]], delta: float) -> float:
+    """Epsilon of Gaussian, Laplace and randomized-response releases composed (PLD).
+
+    Noise multipliers are relative to the sensitivity under the ledger's
+    neighbourhood, so Gaussian and Laplace losses do not depend on it and are
+    built for sensitivity 1; randomized response changes one row's answer
+    (``"substitute"``, the only neighbourhood its releases accept).  The
+    plain Gaussians are first merged into one (tight, SPEC s2).  dp-accounting's
+    PLDs are pessimistic (they never understate epsilon).
+    """
+    pld = privacy_loss_distribution
+    inv_z2 = sum(c / e.noise_multiplier**2 for e, c in releases
+                 if isinstance(e, dpa.GaussianDpEvent))
+    parts = [pld.from_gaussian_mechanism(standard_deviation=1.0 / math.sqrt(inv_z2))] \
+        if inv_z2 > 0 else []
+    for e, c in releases:
+        if isinstance(e, dpa.LaplaceDpEvent):
+            parts.append(pld.from_laplace_mechanism(parameter=e.noise_multiplier)
+                         .self_compose(c))
+        elif isinstance(e, dpa.RandomizedResponseDpEvent):
+            parts.append(pld.from_randomized_response(
+                noise_parameter=e.noise_parameter, num_buckets=e.num_buckets,
+                neighboring_relation=_RELATION["substitute"]).self_compose(c))
+    total = parts[0]
+    for p in parts[1:]:
+        total = total.compose(p)
+    return math.nextafter(float(total.get_epsilon_for_delta(delta)), math.inf)
+
+
 def epsilon_spent(
     event: dpa.DpEvent,
     delta: float,
@@ -215,6 +274,21 @@ def epsilon_spent(
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant={accountant!r}; use one of {ACCOUNTANTS}.")
     relation = _RELATION[check_neighbourhood(neighbourhood)]
+    pure = pure_releases(event)
+    if pure is not None:
+        if accountant != "pld":
+            raise ValueError(
+                "Laplace and randomized-response releases are accounted with "
+                "accountant='pld'; use it for a ledger that holds them."
+            )
+        if neighbourhood != "substitute" and any(
+            isinstance(e, dpa.RandomizedResponseDpEvent) for e, _ in pure
+        ):
+            raise ValueError(
+                "Randomized response is accounted under the 'substitute' "
+                "neighbourhood only (one row's answer changes)."
+            )
+        return _pure_epsilon(pure, delta)
     mu = gaussian_mu(event)
     if mu is not None and (accountant == "pld" or mu == 0):  # mu == 0: nothing released
         return gaussian_epsilon(mu, delta)

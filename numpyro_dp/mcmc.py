@@ -43,6 +43,12 @@ class PrivateMCMC(MCMC):
         The delta of the (epsilon, delta) guarantee; required.
     accountant : {"pld", "rdp"}
         Privacy accountant (``"pld"`` is tight).
+    ledger : PrivacyLedger, optional
+        An existing ledger to charge, e.g. one that already holds a one-shot
+        release of :mod:`numpyro_dp.mechanisms` on the same data.  ``epsilon``
+        is then the budget of everything in it together: calibration and the
+        budget check count what it holds.  Its delta, neighbourhood and
+        accountant apply (``delta`` may be omitted; a different one is refused).
 
     Notes
     -----
@@ -66,6 +72,7 @@ class PrivateMCMC(MCMC):
         epsilon: float | None = None,
         delta: float | None = None,
         accountant: str = "pld",
+        ledger: PrivacyLedger | None = None,
     ):
         if not isinstance(sampler, DPKernel):
             raise TypeError(
@@ -74,6 +81,19 @@ class PrivateMCMC(MCMC):
                 "numpyro.infer.MCMC."
             )
         check_budget(epsilon, delta)
+        if ledger is not None:
+            if delta not in (None, ledger.delta):
+                raise ValueError(
+                    f"delta={delta} differs from the ledger's delta={ledger.delta}; "
+                    "omit delta= to use the ledger's."
+                )
+            if ledger.neighbourhood != sampler.neighbourhood:
+                raise ValueError(
+                    f"The ledger is kept under the {ledger.neighbourhood!r} "
+                    f"neighbourhood but the kernel uses {sampler.neighbourhood!r}; "
+                    "build the kernel with the ledger's neighbourhood."
+                )
+            delta, accountant = ledger.delta, ledger.accountant
         if delta is None:
             raise ValueError(
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
@@ -108,7 +128,9 @@ class PrivateMCMC(MCMC):
         self.epsilon = epsilon
         self.delta = delta
         self._calibrate = sampler.noise_multiplier is None
-        self._ledger = PrivacyLedger(delta, sampler.neighbourhood, accountant)
+        self._ledger = (
+            PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
+        )
         sampler._charged_by = self
 
     # ----------------------------------------------------------- accounting
@@ -122,10 +144,11 @@ class PrivateMCMC(MCMC):
 
     def _planned_event(self, noise_multiplier: float):
         total = self.num_chains * (self.num_warmup + self.num_samples)
-        return LedgerEntry(
+        plan = LedgerEntry(
             type(self.sampler).__name__, "plan", 1, total,
             self.sampler.per_iteration_event(noise_multiplier),
-        ).event
+        )
+        return self._ledger.event([plan])  # with what a shared ledger holds already
 
     def _charge(self, iterations: int, phase: str) -> None:
         kernel = self.sampler
