@@ -101,14 +101,20 @@ def clip_weights(norms: jax.Array, clip: jax.Array) -> jax.Array:
     return jnp.where(finite, jnp.minimum(1.0, clip / safe), 0.0)
 
 
+def _masked(weights: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Clip weights of a padded minibatch: rows outside the mask count 0."""
+    return weights if mask is None else weights * mask.astype(weights.dtype)
+
+
 # ------------------------------------------------------------------ jacobian
 def _jacobian_route(pm: PrivateModel) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs):
+    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None):
         def rows(t):
-            return pm.log_density_terms(pm.unravel(t), model_args, model_kwargs).loglik_rows
+            terms = pm.log_density_terms(pm.unravel(t), model_args, model_kwargs, idx=idx)
+            return terms.loglik_rows
 
         jac = jax.jacfwd(rows)(theta)  # (n, d)
-        weights = clip_weights(jnp.linalg.norm(jac, axis=1), clip)
+        weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), mask)
         jac = jnp.where(jnp.isfinite(jac), jac, 0.0)
         return jac.T @ weights.astype(jac.dtype)
 
@@ -455,7 +461,7 @@ def _check_forced(plan: _Plan, route: str) -> None:
 
 
 # --------------------------------------------------------- linear predictor
-def _linear_predictor_sum(plan: _Plan, theta, clip, rows):
+def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
     g, cut = plan.graph, plan.cut
     dtype = theta.dtype
 
@@ -500,32 +506,34 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows):
     if cut.m == 1 and cut.q == 0:
         # One value per row: grad l_i = u_i a_i, ||grad l_i|| = |u_i| ||a_i||.
         a = A[:, 0, :]
-        weights = clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip)
+        weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
         return coef @ jnp.where(jnp.isfinite(a), a, 0.0)
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
-    weights = clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip)
+    weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
     rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
     return weights.astype(dtype) @ rows_grad
 
 
 def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs):
+    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None):
         theta = jnp.asarray(theta)
         plan = _plan(pm, theta.shape, theta.dtype, model_args, model_kwargs)
         _check_forced(plan, route)
         if plan.choice.route == "jacobian":
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs)
+            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask)
         rows = [jnp.asarray(x) for x in _row_arrays(pm, model_args, model_kwargs)[2]]
+        if idx is not None:
+            rows = [x[idx] for x in rows]
         if route == "linear_predictor":
-            return _linear_predictor_sum(plan, theta, clip, rows)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask)
         try:
-            return _linear_predictor_sum(plan, theta, clip, rows)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask)
         except Exception:  # noqa: BLE001 - a tracing failure (shapes only): general route
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs)
+            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask)
 
     return clipped_sum
 
@@ -537,6 +545,10 @@ def clipped_grad_sum_fn(
     model_kwargs: dict | None = None,
 ) -> tuple[Callable, str]:
     """The function ``(theta, clip, model_args, model_kwargs) -> sum_i clip_c(grad l_i)``.
+
+    The returned function also takes ``idx`` (row indices: sum over those rows
+    only, at a cost independent of ``n``) and ``mask`` (per-index weights in
+    {0, 1}: padded slots of a minibatch buffer contribute 0).
 
     Parameters
     ----------
