@@ -226,3 +226,80 @@ def test_accountant_that_cannot_charge_the_batching_is_refused():
     with pytest.raises(ValueError, match="accountant='rdp'"):
         ndp.PrivateMCMC(sgld(None, batching="without_replacement"), num_warmup=1,
                         num_samples=1, delta=1e-5, accountant="pld")
+
+
+# -------------------------------------------------------------- statistics
+def sghmc_stationary_variance(eta, precision, noise_var, friction, num_steps):
+    """Variance of theta at iteration ends of SGHMC on a Gaussian target (exact).
+
+    Per step theta' = theta + eta p, p' = (1 - eta C_f) p - eta P theta' + eta nu
+    + N(0, 2 C_f eta), nu the minibatch noise (variance V, independent of
+    theta without replacement); p ~ N(0, 1) afresh each iteration.
+    """
+    A = np.array([[1.0, eta], [-eta * precision, 1 - eta * friction - eta**2 * precision]])
+    Q = np.diag([0.0, eta**2 * noise_var + 2 * friction * eta])
+    v = 1.0 / precision
+    for _ in range(100_000):
+        S = np.diag([v, 1.0])
+        for _ in range(num_steps):
+            S = A @ S @ A.T + Q
+        if abs(S[0, 0] - v) < 1e-15:
+            break
+        v = S[0, 0]
+    return v
+
+
+def check_mean_and_variance(chains, X, predicted_var):
+    """Mean at the exact posterior mean; variance at the predicted (biased) one.
+
+    Tolerances from the ESS: 4 standard errors for the mean, and for the
+    variance 4 x sqrt(2 / ESS) relative (Gaussian draws).
+    """
+    mean, var = exact_posterior(X)
+    got_mean, se, ess = mean_and_se(chains)
+    assert np.all(np.abs(got_mean - mean) < 4 * se)
+    got_var = chains.reshape(-1, chains.shape[-1]).var(0)
+    rel_tol = 4 * np.sqrt(2 / ess)
+    np.testing.assert_array_less(np.abs(got_var / predicted_var - 1), rel_tol)
+    # The bias is real: the exact variance is outside the same band.
+    assert np.all(np.abs(var / predicted_var - 1) > rel_tol)
+
+
+@pytest.mark.slow
+def test_sgld_mean_exact_variance_biased_as_predicted():
+    X = gaussian_data(1000)
+    b, eta = 100, 2e-4
+    precision = 1 / exact_posterior(X)[1]
+    V = wor_gradient_noise_var(X, b)
+    predicted = (eta + eta**2 * V / 4) / (1 - (1 - eta * precision / 2) ** 2)
+    kernel = sgld(X, step_size=eta, batch_size=b, grad_clip=50.0,
+                  batching="without_replacement")
+    _, chains = run(kernel, X, 200, 5000)
+    check_mean_and_variance(chains, X, predicted)
+
+
+@pytest.mark.slow
+def test_sghmc_mean_exact_variance_biased_as_predicted():
+    X = gaussian_data(1000)
+    b, eta, steps = 100, 0.01, 5
+    precision = 1 / exact_posterior(X)[1]
+    V = wor_gradient_noise_var(X, b)
+    predicted = np.array([
+        sghmc_stationary_variance(eta, precision, v, 1.0, steps) for v in V
+    ])
+    kernel = ndp.DPSGHMC(gaussian_model, eta, b, 50.0, num_steps=steps,
+                         batching="without_replacement")
+    _, chains = run(kernel, X, 200, 3000)
+    check_mean_and_variance(chains, X, predicted)
+
+
+def test_sgnht_runs_to_the_posterior_mean():
+    X = gaussian_data(1000)
+    kernel = ndp.DPSGNHT(gaussian_model, 0.01, 100, 50.0, num_steps=2,
+                         batching="without_replacement")
+    mcmc, chains = run(kernel, X, 500, 1500)
+    mean, _ = exact_posterior(X)
+    got_mean, se, _ = mean_and_se(chains)
+    assert np.all(np.abs(got_mean - mean) < 4 * se)
+    spent = mcmc.privacy_spent()
+    assert spent.num_releases == 4 * 2000 * 2
