@@ -10,7 +10,17 @@ from numpyro_dp.accounting import (
     max_iterations,
 )
 from numpyro_dp.inference_data import to_inference_data
-from numpyro_dp.kernels import DPHMC, DPHMCState, DPKernel, DPPenalty, DPPenaltyState
+from numpyro_dp.kernels import (
+    DPHMC,
+    DPSGHMC,
+    DPSGLD,
+    DPSGNHT,
+    DPHMCState,
+    DPKernel,
+    DPPenalty,
+    DPPenaltyState,
+    DPSGState,
+)
 from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
@@ -22,6 +32,10 @@ __all__ = [
     "DPKernel",
     "DPPenalty",
     "DPPenaltyState",
+    "DPSGHMC",
+    "DPSGLD",
+    "DPSGNHT",
+    "DPSGState",
     "ModelSpecificationError",
     "PrivacyBudgetError",
     "PrivacyLedger",

@@ -21,6 +21,15 @@ error, but needs memory that grows like ``mu^2`` and fails for the huge
 epsilons used to compare with non-private inference.  Every other event goes
 to dp-accounting's ``PLDAccountant`` or ``RdpAccountant`` unchanged.
 
+Subsampled releases (``PoissonSampledDpEvent``,
+``TruncatedSubsampledGaussianDpEvent``, ``SampledWithoutReplacementDpEvent``)
+carry the same ``z = sigma / Delta``.  dp-accounting's PLD measures the noise of
+a sampled Gaussian in units of the per-row clip ``c`` instead, for either
+relation (its REPLACE_ONE puts the two rows at ``-c`` and ``+c``), so under
+``"substitute"`` such events are handed to it with ``2 z``
+(:func:`to_dp_accounting`); its RDP bound for sampling without replacement
+already uses ``sigma / Delta``.
+
 Every epsilon returned here is rounded up: the reported figure is never below
 the true one (DEVELOPERS.md invariant 4).
 """
@@ -251,6 +260,32 @@ def _pure_epsilon(releases: list[tuple[dpa.DpEvent, int]], delta: float) -> floa
     return math.nextafter(float(total.get_epsilon_for_delta(delta)), math.inf)
 
 
+def to_dp_accounting(event: dpa.DpEvent, neighbourhood: str) -> dpa.DpEvent:
+    """``event`` in dp-accounting's noise convention for ``neighbourhood``.
+
+    Only Poisson-sampled Gaussians under ``"substitute"`` change: their noise
+    multiplier is doubled (see the module docstring).
+    """
+    if check_neighbourhood(neighbourhood) == "add_remove":
+        return event
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return dpa.SelfComposedDpEvent(to_dp_accounting(event.event, neighbourhood), event.count)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return dpa.ComposedDpEvent([to_dp_accounting(e, neighbourhood) for e in event.events])
+    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(
+        event.event, dpa.GaussianDpEvent
+    ):
+        return dpa.PoissonSampledDpEvent(
+            event.sampling_probability, dpa.GaussianDpEvent(2.0 * event.event.noise_multiplier)
+        )
+    if isinstance(event, dpa.TruncatedSubsampledGaussianDpEvent):
+        return dpa.TruncatedSubsampledGaussianDpEvent(
+            event.dataset_size, event.sampling_probability, event.truncated_batch_size,
+            2.0 * event.noise_multiplier,
+        )
+    return event
+
+
 def epsilon_spent(
     event: dpa.DpEvent,
     delta: float,
@@ -294,10 +329,19 @@ def epsilon_spent(
         return gaussian_epsilon(mu, delta)
     if mu is not None:  # plain Gaussians: relation-free by our convention
         event, relation = dpa.GaussianDpEvent(1.0 / mu), _RELATION["add_remove"]
+    event = to_dp_accounting(event, neighbourhood)
     if accountant == "pld":
         acc = pld_privacy_accountant.PLDAccountant(relation)
     else:
         acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    if not acc.supports(event):
+        raise ValueError(
+            f"The {accountant!r} accountant cannot account for this run under the "
+            f"{neighbourhood!r} neighbourhood (dp-accounting does not support one of its "
+            "events). Fixed-size minibatches (sampling without replacement) are "
+            "accounted by accountant='rdp' under 'substitute' only; Poisson "
+            "minibatches by either accountant ('pld' is tight)."
+        )
     acc.compose(event)
     eps = float(acc.get_epsilon(delta))
     return math.nextafter(eps, math.inf)
@@ -344,7 +388,7 @@ def calibrate_noise_multiplier(
 
 
 def max_iterations(
-    per_iteration_event: dpa.DpEvent,
+    per_iteration_event: dpa.DpEvent | Callable[[int], dpa.DpEvent],
     epsilon: float,
     delta: float,
     num_chains: int = 1,
@@ -354,15 +398,22 @@ def max_iterations(
 ) -> int:
     """Largest number of iterations per chain that the budget affords.
 
+    ``per_iteration_event`` is one iteration's event, or a function ``k ->``
+    event of a chain's next ``k`` iterations (costs that change over time).
     ``spent`` is what the ledger holds already.  Returns 0 when not even one
     iteration fits.
     """
     check_budget(epsilon, delta)
     spent = dpa.NoOpDpEvent() if spent is None else spent
+    if callable(per_iteration_event):
+        chain_event = per_iteration_event
+    else:
+        def chain_event(k):
+            return dpa.SelfComposedDpEvent(per_iteration_event, k)
 
     def fits(k):
         ev = dpa.ComposedDpEvent(
-            [spent, dpa.SelfComposedDpEvent(per_iteration_event, k * num_chains)]
+            [spent, dpa.SelfComposedDpEvent(chain_event(k), num_chains)]
         )
         return epsilon_spent(ev, delta, neighbourhood, accountant) <= epsilon
 
@@ -382,16 +433,24 @@ def max_iterations(
 # ------------------------------------------------------------------ ledger
 @dataclasses.dataclass(frozen=True)
 class LedgerEntry:
-    """One charged call of a kernel: ``num_chains x num_iterations`` iterations."""
+    """One charged call of a kernel: ``num_chains x num_iterations`` iterations.
+
+    ``chain_event``, when given, is the event of one chain's ``num_iterations``
+    iterations (for kernels whose cost changes over time; ``per_iteration``
+    is then the first iteration's).
+    """
 
     kernel: str
     phase: str
     num_chains: int
     num_iterations: int
     per_iteration: dpa.DpEvent
+    chain_event: dpa.DpEvent | None = None
 
     @property
     def event(self) -> dpa.DpEvent:
+        if self.chain_event is not None:
+            return dpa.SelfComposedDpEvent(self.chain_event, self.num_chains)
         return dpa.SelfComposedDpEvent(self.per_iteration, self.num_chains * self.num_iterations)
 
     def to_dict(self) -> dict:
@@ -401,7 +460,7 @@ class LedgerEntry:
             "num_chains": self.num_chains,
             "num_iterations": self.num_iterations,
             "releases": count_releases(self.event),
-            "noise_multipliers": list(noise_multipliers(self.per_iteration)),
+            "noise_multipliers": list(noise_multipliers(self.event)),
             "per_iteration_event": repr(self.per_iteration),
         }
 

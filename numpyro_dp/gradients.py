@@ -104,6 +104,11 @@ def clip_weights(norms: jax.Array, clip: jax.Array) -> jax.Array:
     return jnp.where(finite, jnp.minimum(1.0, clip / safe), 0.0)
 
 
+def _masked(weights: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Clip weights of a padded minibatch: rows outside the mask count 0."""
+    return weights if mask is None else weights * mask.astype(weights.dtype)
+
+
 # ------------------------------------------------------------------ jacobian
 #: Rows per block of the general route: bounds the per-row gradients and the
 #: backward pass's intermediates held at once, whatever n.
@@ -126,23 +131,26 @@ def _one_row_loglik(pm: PrivateModel, model_args, model_kwargs):
 
 
 def _jacobian_route(pm: PrivateModel) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs):
+    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None):
         loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
-        rows = [jnp.asarray(x) for x in rows]
+        rows = [jnp.asarray(x) if idx is None else jnp.asarray(x)[idx] for x in rows]
+        n = rows[0].shape[0]
+        mask = jnp.ones(n, bool) if mask is None else mask
 
         def block_sum(block):  # rows of the per-row Jacobian, clipped and summed
-            jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block)
-            weights = clip_weights(jnp.linalg.norm(jac, axis=1), clip)
+            *block_rows, block_mask = block
+            jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
+            weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), block_mask)
             return weights.astype(jac.dtype) @ jnp.where(jnp.isfinite(jac), jac, 0.0)
 
-        n = rows[0].shape[0]
+        arrays = rows + [mask]
         full = n - n % ROW_BLOCK
         total = jnp.zeros_like(theta)
         if full:
-            blocks = [x[:full].reshape((-1, ROW_BLOCK) + x.shape[1:]) for x in rows]
+            blocks = [x[:full].reshape((-1, ROW_BLOCK) + x.shape[1:]) for x in arrays]
             total = total + lax.map(block_sum, blocks).sum(0)
         if full < n:
-            total = total + block_sum([x[full:] for x in rows])
+            total = total + block_sum([x[full:] for x in arrays])
         return total
 
     return clipped_sum
@@ -478,7 +486,7 @@ def _check_forced(plan: _Plan, route: str) -> None:
 
 
 # --------------------------------------------------------- linear predictor
-def _linear_predictor_sum(plan: _Plan, theta, clip, rows):
+def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
     g, cut = plan.graph, plan.cut
     dtype = theta.dtype
 
@@ -523,32 +531,34 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows):
     if cut.m == 1 and cut.q == 0:
         # One value per row: grad l_i = u_i a_i, ||grad l_i|| = |u_i| ||a_i||.
         a = A[:, 0, :]
-        weights = clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip)
+        weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
         return coef @ jnp.where(jnp.isfinite(a), a, 0.0)
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
-    weights = clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip)
+    weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
     rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
     return weights.astype(dtype) @ rows_grad
 
 
 def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs):
+    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None):
         theta = jnp.asarray(theta)
         plan = _plan(pm, theta.shape, theta.dtype, model_args, model_kwargs)
         _check_forced(plan, route)
         if plan.choice.route == "jacobian":
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs)
+            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask)
         rows = [jnp.asarray(x) for x in _one_row_loglik(pm, model_args, model_kwargs)[1]]
+        if idx is not None:
+            rows = [x[idx] for x in rows]
         if route == "linear_predictor":
-            return _linear_predictor_sum(plan, theta, clip, rows)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask)
         try:
-            return _linear_predictor_sum(plan, theta, clip, rows)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask)
         except Exception:  # noqa: BLE001 - a tracing failure (shapes only): general route
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs)
+            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask)
 
     return clipped_sum
 
@@ -560,6 +570,10 @@ def clipped_grad_sum_fn(
     model_kwargs: dict | None = None,
 ) -> tuple[Callable, str]:
     """The function ``(theta, clip, model_args, model_kwargs) -> sum_i clip_c(grad l_i)``.
+
+    The returned function also takes ``idx`` (row indices: sum over those rows
+    only, at a cost independent of ``n``) and ``mask`` (per-index weights in
+    {0, 1}: padded slots of a minibatch buffer contribute 0).
 
     Parameters
     ----------

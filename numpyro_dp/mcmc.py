@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import dp_accounting as dpa
+import numpy as np
 from numpyro.infer import MCMC
 
 from numpyro_dp.accounting import (
@@ -99,7 +101,8 @@ class PrivateMCMC(MCMC):
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
                 "guarantee; choose it well below 1/n, e.g. delta=0.1/n."
             )
-        if sampler.noise_multiplier is None and epsilon is None:
+        noise_free = sampler.noise_multiplier is None and not sampler.noise_fixed_by_dynamics
+        if noise_free and epsilon is None:
             raise ValueError(
                 f"{type(sampler).__name__} has no noise_multiplier and no epsilon "
                 "was given: pass epsilon= (and delta=) to calibrate the noise to a "
@@ -111,6 +114,12 @@ class PrivateMCMC(MCMC):
                 "PrivateMCMC. Keep using that runner (its ledger accumulates over "
                 "runs) or build a new kernel: a second runner would start a second, "
                 "separate ledger for the same data."
+            )
+        if accountant not in sampler.accountants:
+            raise ValueError(
+                f"accountant={accountant!r} cannot charge this {type(sampler).__name__}: "
+                f"dp-accounting supports its events with {sampler.accountants} only; pass "
+                f"accountant={sampler.accountants[0]!r} (or change the kernel's batching)."
             )
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError("num_chains must be a positive integer")
@@ -127,7 +136,7 @@ class PrivateMCMC(MCMC):
         )
         self.epsilon = epsilon
         self.delta = delta
-        self._calibrate = sampler.noise_multiplier is None
+        self._calibrate = noise_free
         self._ledger = (
             PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
         )
@@ -142,13 +151,22 @@ class PrivateMCMC(MCMC):
         phase = params["phase"] or ("warmup+sample" if self.num_warmup else "sample")
         return params["upper"], phase
 
+    def _start_iteration(self) -> int:
+        """Iterations each chain has done before this call (0 for a fresh start).
+
+        A continuation from ``post_warmup_state`` resumes the kernel's counter
+        ``i``; the smallest over chains is used (costs only fall over time).
+        """
+        i = getattr(self._warmup_state, "i", None)
+        return 0 if i is None else int(np.min(np.asarray(i)))
+
     def _planned_event(self, noise_multiplier: float):
-        total = self.num_chains * (self.num_warmup + self.num_samples)
-        plan = LedgerEntry(
-            type(self.sampler).__name__, "plan", 1, total,
-            self.sampler.per_iteration_event(noise_multiplier),
+        per_chain = self.num_warmup + self.num_samples
+        plan = dpa.SelfComposedDpEvent(
+            self.sampler.run_event(per_chain, 0, noise_multiplier), self.num_chains
         )
-        return self._ledger.event([plan])  # with what a shared ledger holds already
+        # With what a shared ledger holds already (e.g. a one-shot release).
+        return dpa.ComposedDpEvent([self._ledger.event(), plan])
 
     def _charge(self, iterations: int, phase: str) -> None:
         kernel = self.sampler
@@ -157,16 +175,17 @@ class PrivateMCMC(MCMC):
                 self._planned_event, self.epsilon, self.delta,
                 self._ledger.neighbourhood, self._ledger.accountant,
             )
+        start = self._start_iteration()
         entry = LedgerEntry(
             type(kernel).__name__, phase, self.num_chains, iterations,
-            kernel.per_iteration_event(),
+            kernel.per_iteration_event(), kernel.run_event(iterations, start),
         )
         if self.epsilon is not None:
             after = self._ledger.epsilon([entry])
             if after > self.epsilon:
                 spent = self._ledger.epsilon() if self._ledger.entries else 0.0
                 affordable = max_iterations(
-                    entry.per_iteration, self.epsilon, self.delta, self.num_chains,
+                    lambda k: kernel.run_event(k, start), self.epsilon, self.delta, self.num_chains,
                     self._ledger.neighbourhood, self._ledger.accountant,
                     spent=self._ledger.event(),
                 )

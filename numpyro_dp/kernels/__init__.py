@@ -3,5 +3,7 @@
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.kernels.hmc import DPHMC, DPHMCState, dp_hmc
 from numpyro_dp.kernels.penalty import DPPenalty, DPPenaltyState, dp_penalty
+from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT, DPSGState
 
 __all__ = ["DPHMC", "DPHMCState", "DPKernel", "DPPenalty", "DPPenaltyState", "dp_hmc", "dp_penalty"]
+__all__ += ["DPSGHMC", "DPSGLD", "DPSGNHT", "DPSGState"]

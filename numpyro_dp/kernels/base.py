@@ -56,6 +56,10 @@ class DPKernel(MCMCKernel):
     sample_field = "z"
     #: State fields that may leave the kernel (all post-processing of releases).
     private_safe_fields: tuple[str, ...] = ()
+    #: Accountants that can charge this kernel (see ``PrivateMCMC(accountant=)``).
+    accountants: tuple[str, ...] = ("pld", "rdp")
+    #: True when the dynamics fix the noise (nothing to calibrate: a budget is a cap).
+    noise_fixed_by_dynamics: bool = False
 
     def __init__(
         self,
@@ -107,6 +111,16 @@ class DPKernel(MCMCKernel):
     def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
         """The privacy cost of one iteration of one chain."""
         raise NotImplementedError
+
+    def run_event(
+        self, num_iterations: int, start: int = 0, noise_multiplier: float | None = None
+    ) -> dpa.DpEvent:
+        """The privacy cost of one chain's iterations ``start, ..., start + num_iterations - 1``.
+
+        The default composes :meth:`per_iteration_event`; kernels whose cost
+        changes over time (decreasing step sizes) override it.
+        """
+        return dpa.SelfComposedDpEvent(self.per_iteration_event(noise_multiplier), num_iterations)
 
     def _require_runner(self, noise_multiplier: float | None) -> PrivateModel:
         if self._charged_by is None or self._private_model is None:

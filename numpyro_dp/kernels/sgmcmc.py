@@ -1,0 +1,507 @@
+"""Stochastic-gradient MCMC with differential privacy: DP-SGLD, DP-SGHMC, DP-SGNHT.
+
+SPEC s7; Welling & Teh (2011), Chen, Fox & Guestrin (2014), Ding et al. (2014);
+paper 004 s4.1, paper 001 chapters 3 and 5.  Every step draws a minibatch
+``B`` (Poisson with rate ``q = b / n``, or exactly ``b`` rows without
+replacement) and estimates the log-likelihood gradient by
+
+    ``G = T (n / b) sum_{j in B} clip_C(grad l_j(theta))``
+
+(rows clipped one by one).  The step's Gaussian noise is the Gaussian
+mechanism that privatises ``G``: no extra noise is added, and the kernels have
+no accept/reject step, so they are *approximate* (see the class notes for the
+bias of constant steps).  With ``Delta = 2`` (substitute) or ``1``
+(add/remove) the noise multiplier of one step with step size ``eta`` is
+
+* DP-SGLD:  ``theta <- theta + (eta/2)(grad log p + G) + N(0, eta I)``,
+  ``z = sqrt(eta) / ((eta/2) T (n/b) Delta C)``;
+* DP-SGHMC: ``theta <- theta + eta p``;
+  ``p <- p + eta (grad log p + G) - eta C_f p + N(0, 2 C_f eta I)``,
+  ``z = sqrt(2 C_f eta) / (eta T (n/b) Delta C)`` (SPEC s7 corrects paper 001's
+  friction sign, noise scale and aggregate clipping; the update here carries
+  the n/b factor and is charged with it);
+* DP-SGNHT: ``p <- p - xi eta p + eta (grad log p + G) + N(0, 2 A eta I)``;
+  ``theta <- theta + eta p``; ``xi <- xi + eta (p^T p / d - 1)``,
+  ``z = sqrt(2 A eta) / (eta T (n/b) Delta C)``.
+
+Each step is one subsampled Gaussian release: ``num_steps`` per iteration.
+Step sizes are constant or ``eta_t = step_size * t^(-1/3)`` (iteration
+``t = 1, 2, ...``, warm-up included), so ``z_t`` grows with ``t`` and
+:meth:`run_event` charges iterations ``start .. start + k - 1`` at their own
+``z_t``.  The state holds only the parameters, momenta and thermostat, which
+are post-processing of the released noisy updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, random
+from numpyro.infer.initialization import init_to_uniform
+
+from numpyro_dp.batching import poisson_batch, poisson_buffer_size, sample_without_replacement
+from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
+from numpyro_dp.kernels.base import DPKernel, check_positive
+from numpyro_dp.kernels.hmc import gaussian_release
+from numpyro_dp.model import PrivateModel
+
+BATCHINGS = ("poisson", "without_replacement")
+SCHEDULES = ("constant", "decreasing")
+#: Decreasing schedules are charged with z_t rounded down onto this geometric
+#: grid, so that a long run composes few distinct events (epsilon <= ~1% high).
+Z_GRID_RATIO = 1.01
+#: Relative margin on every accounted z for float32 rounding of eta and clip.
+Z_ROUNDING_MARGIN = 1e-5
+
+
+class DPSGState(NamedTuple):
+    """State of the stochastic-gradient kernels; every field is safe to publish.
+
+    Attributes
+    ----------
+    i : int
+        Iteration counter (warm-up included); iteration ``t = i + 1`` is next.
+    z : dict
+        Current point in unconstrained space.
+    momentum : array
+        Momentum after the last step (zeros for DP-SGLD).
+    thermostat : float
+        Nose-Hoover thermostat ``xi`` (DP-SGNHT; 0 otherwise).
+    step_size : float
+        Step size ``eta_t`` of the last iteration.
+    rng_key : jax.random key
+    """
+
+    i: jax.Array
+    z: dict
+    momentum: jax.Array
+    thermostat: jax.Array
+    step_size: jax.Array
+    rng_key: jax.Array
+
+
+def check_num_steps(num_steps: int) -> int:
+    if not (isinstance(num_steps, int) and num_steps >= 1):
+        raise ValueError(
+            f"num_steps={num_steps!r} must be a positive integer: each step is a "
+            "charged release."
+        )
+    return num_steps
+
+
+def step_size_at(step_size: float, schedule: str, t):
+    """``eta_t``: ``step_size`` or ``step_size * t^(-1/3)`` (``t`` from 1)."""
+    return step_size if schedule == "constant" else step_size * t ** (-1.0 / 3.0)
+
+
+def minibatch_gradient_fn(
+    pm: PrivateModel,
+    *,
+    batch_size: int,
+    batching: str,
+    grad_clip: float,
+    temperature: float,
+    grad_route: str,
+) -> Callable:
+    """``(theta, key, model_args, model_kwargs) -> G``: the scaled clipped minibatch sum.
+
+    ``G`` is private: callers add it to a Gaussian release.  Its cost per call
+    depends on ``batch_size`` (Poisson: the buffer), not on ``n``.
+    """
+    n = pm.num_rows
+    clipped_sum, _ = clipped_grad_sum_fn(pm, grad_route)
+    scale = temperature * n / batch_size
+    buffer = poisson_buffer_size(n, batch_size / n) if batching == "poisson" else None
+
+    def grad_estimate(theta, key, model_args, model_kwargs):
+        if batching == "poisson":
+            idx, mask = poisson_batch(key, n, batch_size / n, buffer)
+        else:
+            idx, mask = sample_without_replacement(key, n, batch_size), None
+        return scale * clipped_sum(theta, grad_clip, model_args, model_kwargs, idx, mask)
+
+    return grad_estimate
+
+
+def _sg_core(
+    private_model: PrivateModel,
+    move: Callable,
+    *,
+    step_size: float,
+    schedule: str,
+    num_steps: int,
+    resample_momentum: bool,
+    thermostat: float,
+    grad_kwargs: dict,
+) -> tuple[Callable, Callable]:
+    """Shared loop of the three kernels; ``move`` is one step of the dynamics.
+
+    ``move(theta, p, xi, eta, key, grad, prior_grad) -> (theta, p, xi)`` with
+    ``grad(theta, key)`` the private minibatch estimate ``G``.
+    """
+    pm = private_model
+    dim = pm.num_params
+    grad_estimate = minibatch_gradient_fn(pm, **grad_kwargs)
+
+    def init_fn(init_params: dict, rng_key):
+        theta = pm.ravel(init_params)
+        rng_key, key_p = random.split(rng_key)
+        p = random.normal(key_p, (dim,), theta.dtype) if thermostat else jnp.zeros(dim, theta.dtype)
+        return DPSGState(
+            jnp.array(0), init_params, p, jnp.asarray(thermostat, theta.dtype),
+            jnp.asarray(step_size, theta.dtype), rng_key,
+        )
+
+    def sample_fn(state: DPSGState, model_args: tuple, model_kwargs: dict) -> DPSGState:
+        rng_key, key_p, key_steps = random.split(state.rng_key, 3)
+        theta = pm.ravel(state.z)
+        eta = step_size_at(step_size, schedule, (state.i + 1).astype(theta.dtype))
+        eta = jnp.asarray(eta, theta.dtype)
+
+        def prior_grad(t):
+            return jax.grad(
+                lambda u: pm.log_density_terms(pm.unravel(u), model_args, model_kwargs).prior
+            )(t)
+
+        def grad(t, key):
+            return grad_estimate(t, key, model_args, model_kwargs)
+
+        p = random.normal(key_p, (dim,), theta.dtype) if resample_momentum else state.momentum
+        keys = random.split(key_steps, num_steps)
+
+        def step(s, carry):
+            return move(*carry, eta, keys[s], grad, prior_grad)
+
+        theta, p, xi = lax.fori_loop(0, num_steps, step, (theta, p, state.thermostat))
+        return DPSGState(state.i + 1, pm.unravel(theta), p, xi, eta, rng_key)
+
+    return init_fn, sample_fn
+
+
+def dp_sgld(private_model: PrivateModel, *, step_size, schedule, **grad_kwargs):
+    """Functional core of DP-SGLD: ``(init_fn(params, key), sample_fn(state, args, kwargs))``."""
+
+    def move(theta, p, xi, eta, key, grad, prior_grad):
+        key_b, key_n = random.split(key)
+        drift = theta + 0.5 * eta * (prior_grad(theta) + grad(theta, key_b))
+        return gaussian_release(key_n, drift, jnp.sqrt(eta)), p, xi
+
+    return _sg_core(
+        private_model, move, step_size=step_size, schedule=schedule, num_steps=1,
+        resample_momentum=False, thermostat=0.0, grad_kwargs=grad_kwargs,
+    )
+
+
+def dp_sghmc(private_model: PrivateModel, *, step_size, schedule, num_steps, friction,
+             **grad_kwargs):
+    """Functional core of DP-SGHMC (identity mass, momentum resampled per iteration)."""
+
+    def move(theta, p, xi, eta, key, grad, prior_grad):
+        key_b, key_n = random.split(key)
+        theta = theta + eta * p
+        kick = p + eta * (prior_grad(theta) + grad(theta, key_b)) - eta * friction * p
+        return theta, gaussian_release(key_n, kick, jnp.sqrt(2.0 * friction * eta)), xi
+
+    return _sg_core(
+        private_model, move, step_size=step_size, schedule=schedule, num_steps=num_steps,
+        resample_momentum=True, thermostat=0.0, grad_kwargs=grad_kwargs,
+    )
+
+
+def dp_sgnht(private_model: PrivateModel, *, step_size, schedule, num_steps, diffusion,
+             **grad_kwargs):
+    """Functional core of DP-SGNHT (Ding et al. 2014, Algorithm 1; thermostat starts at A)."""
+    dim = private_model.num_params
+
+    def move(theta, p, xi, eta, key, grad, prior_grad):
+        key_b, key_n = random.split(key)
+        kick = p - xi * eta * p + eta * (prior_grad(theta) + grad(theta, key_b))
+        p = gaussian_release(key_n, kick, jnp.sqrt(2.0 * diffusion * eta))
+        theta = theta + eta * p
+        return theta, p, xi + eta * (jnp.dot(p, p) / dim - 1.0)
+
+    return _sg_core(
+        private_model, move, step_size=step_size, schedule=schedule, num_steps=num_steps,
+        resample_momentum=False, thermostat=diffusion, grad_kwargs=grad_kwargs,
+    )
+
+
+class _StochasticGradientKernel(DPKernel):
+    """What DPSGLD, DPSGHMC and DPSGNHT share: batching, schedule, accounting."""
+
+    private_safe_fields = DPSGState._fields
+    default_fields = ("z",)
+    noise_fixed_by_dynamics = True
+    num_steps = 1
+
+    def __init__(
+        self,
+        model: Callable,
+        step_size: float,
+        batch_size: int,
+        grad_clip: float,
+        *,
+        batching: str = "poisson",
+        step_schedule: str = "constant",
+        temperature: float = 1.0,
+        neighbourhood: str = "substitute",
+        data_plate: str | None = None,
+        grad_route: str = "auto",
+        init_strategy: Callable = init_to_uniform,
+    ):
+        super().__init__(
+            model, neighbourhood=neighbourhood, temperature=temperature,
+            data_plate=data_plate, init_strategy=init_strategy,
+        )
+        self.step_size = check_positive(
+            "step_size", step_size, "it is eta, the (initial) step size of the dynamics."
+        )
+        self.grad_clip = check_positive(
+            "grad_clip", grad_clip, "every row's gradient is clipped to this l2 norm."
+        )
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+        self.batch_size = batch_size
+        if batching not in BATCHINGS:
+            raise ValueError(f"batching={batching!r}; use one of {BATCHINGS}.")
+        if batching == "without_replacement" and neighbourhood != "substitute":
+            raise ValueError(
+                "Fixed-size batches (batching='without_replacement') are accounted "
+                "under neighbourhood='substitute' only (n must stay public); use "
+                "batching='poisson' for 'add_remove'."
+            )
+        self.batching = batching
+        # Poisson: dp-accounting's PLD (tight); without replacement: its RDP bound.
+        self.accountants = ("pld",) if batching == "poisson" else ("rdp",)
+        if step_schedule not in SCHEDULES:
+            raise ValueError(f"step_schedule={step_schedule!r}; use one of {SCHEDULES}.")
+        self.step_schedule = step_schedule
+        if grad_route not in ROUTES:
+            raise ValueError(f"grad_route={grad_route!r}; use one of {ROUTES}.")
+        self.grad_route = grad_route
+
+    # ------------------------------------------------------------ privacy
+    def _noise_scale(self, eta: float) -> float:
+        """Standard deviation of one step's noise at step size ``eta``."""
+        raise NotImplementedError
+
+    def _gradient_coefficient(self, eta: float) -> float:
+        """Factor in front of ``G`` in the released quantity."""
+        return eta
+
+    def _num_rows(self) -> int:
+        if self._private_model is None:
+            raise RuntimeError(
+                f"{type(self).__name__}'s privacy cost depends on the number of rows: "
+                "run it through PrivateMCMC (which reads n from the data)."
+            )
+        return self._private_model.num_rows
+
+    def step_noise_multiplier(self, eta: float) -> float:
+        """``z`` of one step with step size ``eta`` (rounded down: never understated)."""
+        n = self._num_rows()
+        delta = (
+            self._gradient_coefficient(eta) * self.temperature * n / self.batch_size
+            * self.sensitivity_factor * self.grad_clip
+        )
+        return self._noise_scale(eta) / delta * (1.0 - Z_ROUNDING_MARGIN)
+
+    def _step_event(self, z: float) -> dpa.DpEvent:
+        n = self._num_rows()
+        if self.batching == "without_replacement":
+            return dpa.SampledWithoutReplacementDpEvent(n, self.batch_size, dpa.GaussianDpEvent(z))
+        q = self.batch_size / n
+        return dpa.TruncatedSubsampledGaussianDpEvent(n, q, poisson_buffer_size(n, q), z)
+
+    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
+        """The first iteration's cost: ``num_steps`` subsampled Gaussian releases."""
+        return self.run_event(1)
+
+    def run_event(
+        self, num_iterations: int, start: int = 0, noise_multiplier: float | None = None
+    ) -> dpa.DpEvent:
+        """Iterations ``t = start + 1 .. start + num_iterations``, each at its own ``z_t``."""
+        if self.step_schedule == "constant":
+            z = self.step_noise_multiplier(self.step_size)
+            return dpa.SelfComposedDpEvent(self._step_event(z), num_iterations * self.num_steps)
+        t = np.arange(start + 1, start + num_iterations + 1, dtype=np.float64)
+        z = np.array([self.step_noise_multiplier(e) for e in step_size_at(self.step_size,
+                                                                          "decreasing", t)])
+        # Round z down onto a geometric grid so that equal cells compose at once.
+        cells = np.floor(np.log(z) / math.log(Z_GRID_RATIO)).astype(np.int64)
+        grid = Z_GRID_RATIO ** cells.astype(np.float64)
+        cells = np.where(grid > z, cells - 1, cells)
+        values, counts = np.unique(cells, return_counts=True)
+        return dpa.ComposedDpEvent([
+            dpa.SelfComposedDpEvent(
+                self._step_event(float(Z_GRID_RATIO ** float(c))), int(k) * self.num_steps
+            )
+            for c, k in zip(values, counts, strict=True)
+        ])
+
+    # ----------------------------------------------------------- sampling
+    def _grad_kwargs(self) -> dict:
+        return {
+            "batch_size": self.batch_size, "batching": self.batching,
+            "grad_clip": self.grad_clip, "temperature": self.temperature,
+            "grad_route": self.grad_route,
+        }
+
+    def _core(self, pm: PrivateModel) -> tuple[Callable, Callable]:
+        raise NotImplementedError
+
+    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs)
+        if self.batch_size > pm.num_rows:
+            raise ValueError(
+                f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}."
+            )
+        return pm
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        # The dynamics fix the noise, so there is no noise multiplier to wait for.
+        pm = self._require_runner(noise_multiplier=math.inf)
+        init_fn, sample_fn = self._core(pm)
+        return self._init_chains(
+            rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn
+        )
+
+    def get_diagnostics_str(self, state: Any) -> str:
+        return f"step size={state.step_size:.2e}"
+
+
+_SG_PARAMETERS = """
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model with a plate over the data rows.
+    step_size : float
+        ``eta`` (constant), or ``beta`` of ``eta_t = beta t^(-1/3)``.
+    batch_size : int
+        ``b``: rows per minibatch (expected size for Poisson sampling).
+    grad_clip : float
+        ``C``: every row's log-likelihood gradient is clipped to this l2 norm.
+    batching : {"poisson", "without_replacement"}
+        Poisson sampling with rate ``q = b / n`` (accounted by dp-accounting's
+        PLD, tight; use ``PrivateMCMC(accountant="pld")``), or exactly ``b``
+        rows without replacement (RDP bound of Wang, Balle & Kasiviswanathan;
+        ``accountant="rdp"``, substitute only).  Poisson gives the tighter
+        epsilon for the same noise.
+    step_schedule : {"constant", "decreasing"}
+        Constant ``eta`` or ``eta_t = step_size * t^(-1/3)``.
+    temperature, neighbourhood, data_plate :
+        As for every kernel (SPEC s0).
+    grad_route : {"auto", "jacobian", "linear_predictor"}
+        How the clipped per-row gradient sum is computed (all exact).
+    init_strategy : callable
+        NumPyro init strategy (prior-based; default ``init_to_uniform``).
+"""
+
+
+class DPSGLD(_StochasticGradientKernel):
+    __doc__ = """Differentially private stochastic-gradient Langevin dynamics (DP-SGLD).
+
+    ``theta <- theta + (eta/2)(grad log p(theta) + G) + N(0, eta I)``: the
+    Langevin noise is the Gaussian mechanism, with noise multiplier
+    ``z = sqrt(eta) / ((eta/2) T (n/b) Delta C)`` (``Delta = 2`` substitute,
+    ``1`` add/remove) per iteration (one release).
+""" + _SG_PARAMETERS + """
+    Notes
+    -----
+    Approximate: without an accept step, a constant step size biases the
+    draws.  On a Gaussian posterior with precision ``P`` the stationary
+    variance is ``(eta + eta^2 V / 4) / (1 - (1 - eta P / 2)^2)`` instead of
+    ``1/P``, with ``V`` the variance of the minibatch gradient estimate: too
+    wide, more so for small batches.  Float32 and float64 are both private
+    (rows are clipped before summing); float64 costs about twice as much.
+"""
+
+    def _noise_scale(self, eta):
+        return math.sqrt(eta)
+
+    def _gradient_coefficient(self, eta):
+        return 0.5 * eta
+
+    def _core(self, pm):
+        return dp_sgld(pm, step_size=self.step_size, schedule=self.step_schedule,
+                       **self._grad_kwargs())
+
+
+class DPSGHMC(_StochasticGradientKernel):
+    __doc__ = """Differentially private stochastic-gradient HMC (Chen et al. 2014; SPEC s7).
+
+    Per iteration the momentum is drawn afresh, ``p ~ N(0, I)``, then
+    ``num_steps`` steps of ``theta <- theta + eta p;
+    p <- p + eta (grad log p(theta) + G) - eta C_f p + N(0, 2 C_f eta I)``
+    (``B_hat = 0``).  Each step is one release with noise multiplier
+    ``z = sqrt(2 C_f eta) / (eta T (n/b) Delta C)``.
+""" + _SG_PARAMETERS + """
+    num_steps : int
+        Steps per iteration; each is a charged release.
+    friction : float
+        ``C_f``.
+
+    Notes
+    -----
+    Approximate (no accept step): with a constant step size the stationary
+    variance of a Gaussian posterior exceeds the exact one (the tests compute
+    it from the linear recursion).  Paper 001's version has the friction sign,
+    the noise scale and the clipping wrong, and charges the release without the
+    ``n/b`` factor that its update applies; this kernel charges the update it
+    performs.
+"""
+
+    def __init__(self, model, step_size, batch_size, grad_clip, *, num_steps: int = 10,
+                 friction: float = 1.0, **kwargs):
+        super().__init__(model, step_size, batch_size, grad_clip, **kwargs)
+        self.num_steps = check_num_steps(num_steps)
+        self.friction = check_positive("friction", friction, "it is C_f, e.g. 1.0.")
+
+    def _noise_scale(self, eta):
+        return math.sqrt(2.0 * self.friction * eta)
+
+    def _core(self, pm):
+        return dp_sghmc(pm, step_size=self.step_size, schedule=self.step_schedule,
+                        num_steps=self.num_steps, friction=self.friction,
+                        **self._grad_kwargs())
+
+
+class DPSGNHT(_StochasticGradientKernel):
+    __doc__ = """Differentially private stochastic-gradient Nose-Hoover thermostat (DP-SGNHT).
+
+    Ding et al. (2014), as compared in paper 004 s4.1.  Per step
+    ``p <- p - xi eta p + eta (grad log p(theta) + G) + N(0, 2 A eta I)``,
+    ``theta <- theta + eta p``, ``xi <- xi + eta (p^T p / d - 1)``; momentum
+    and thermostat carry over between iterations.  Each step is one release
+    with noise multiplier ``z = sqrt(2 A eta) / (eta T (n/b) Delta C)``.
+""" + _SG_PARAMETERS + """
+    num_steps : int
+        Steps per iteration; each is a charged release.
+    diffusion : float
+        ``A``, the injected noise; the thermostat starts at ``xi = A``.
+
+    Notes
+    -----
+    Approximate (no accept step); the thermostat absorbs the unknown
+    minibatch-gradient noise only as ``eta -> 0``.
+"""
+
+    def __init__(self, model, step_size, batch_size, grad_clip, *, num_steps: int = 1,
+                 diffusion: float = 1.0, **kwargs):
+        super().__init__(model, step_size, batch_size, grad_clip, **kwargs)
+        self.num_steps = check_num_steps(num_steps)
+        self.diffusion = check_positive("diffusion", diffusion, "it is A, e.g. 1.0.")
+
+    def _noise_scale(self, eta):
+        return math.sqrt(2.0 * self.diffusion * eta)
+
+    def _core(self, pm):
+        return dp_sgnht(pm, step_size=self.step_size, schedule=self.step_schedule,
+                        num_steps=self.num_steps, diffusion=self.diffusion,
+                        **self._grad_kwargs())
