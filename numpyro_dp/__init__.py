@@ -10,12 +10,24 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.inference_data import to_inference_data
 from numpyro_dp.kernels import DPHMC, DPHMCState, DPKernel, DPPenalty, DPPenaltyState
+from numpyro_dp.kernels.barker import (
+    DPBarker,
+    DPBarkerState,
+    barker_epsilon,
+    barker_max_batch_size,
+    barker_max_iterations,
+)
 from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DPBarker",
+    "DPBarkerState",
+    "barker_epsilon",
+    "barker_max_batch_size",
+    "barker_max_iterations",
     "DPHMC",
     "DPHMCState",
     "DPKernel",

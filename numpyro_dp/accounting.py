@@ -19,7 +19,11 @@ evaluates the exact privacy-loss distribution of that Gaussian analytically
 discretised ``PLDAccountant`` gives the same curve up to its discretisation
 error, but needs memory that grows like ``mu^2`` and fails for the huge
 epsilons used to compare with non-private inference.  Every other event goes
-to dp-accounting's ``PLDAccountant`` or ``RdpAccountant`` unchanged.
+to dp-accounting's ``PLDAccountant`` or ``RdpAccountant`` unchanged, except
+events of the minibatch kernels (fixed-size batches without replacement, DP
+Barker): whatever the accountant asked for, those go to the RDP accountant of
+:mod:`numpyro_dp.rdp` (WBK amplification; PLD cannot interpret them), and the
+ledger reports ``"rdp"``.
 
 Every epsilon returned here is rounded up: the reported figure is never below
 the true one (DEVELOPERS.md invariant 4).
@@ -38,6 +42,8 @@ from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import log_ndtr
+
+from numpyro_dp.rdp import is_rdp_only, rdp_epsilon
 
 NEIGHBOURHOODS = ("substitute", "add_remove")
 ACCOUNTANTS = ("pld", "rdp")
@@ -215,6 +221,14 @@ def epsilon_spent(
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant={accountant!r}; use one of {ACCOUNTANTS}.")
     relation = _RELATION[check_neighbourhood(neighbourhood)]
+    if is_rdp_only(event):
+        if neighbourhood != "substitute":
+            raise ValueError(
+                "Fixed-size batches drawn without replacement are accounted only for "
+                "the 'substitute' neighbourhood (n is public); use "
+                "neighbourhood='substitute'."
+            )
+        return rdp_epsilon(event, delta)
     mu = gaussian_mu(event)
     if mu is not None and (accountant == "pld" or mu == 0):  # mu == 0: nothing released
         return gaussian_epsilon(mu, delta)
@@ -380,7 +394,7 @@ class PrivacySpent:
         lines = [
             f"({self.epsilon:.4g}, {self.delta:.3g})-DP, {self.neighbourhood} "
             f"neighbourhood, {self.accountant} accountant",
-            f"  {self.num_releases} Gaussian releases, noise multiplier(s) {zs}",
+            f"  {self.num_releases} releases, noise multiplier(s) {zs}",
         ]
         for e in self.ledger:
             lines.append(
@@ -420,6 +434,6 @@ class PrivacyLedger:
             neighbourhood=self.neighbourhood,
             num_releases=count_releases(ev),
             noise_multipliers=noise_multipliers(ev),
-            accountant=self.accountant,
+            accountant="rdp" if is_rdp_only(ev) else self.accountant,
             ledger=tuple(self.entries),
         )

@@ -79,7 +79,8 @@ class PrivateMCMC(MCMC):
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
                 "guarantee; choose it well below 1/n, e.g. delta=0.1/n."
             )
-        if sampler.noise_multiplier is None and epsilon is None:
+        calibrate = sampler.has_noise_multiplier and sampler.noise_multiplier is None
+        if calibrate and epsilon is None:
             raise ValueError(
                 f"{type(sampler).__name__} has no noise_multiplier and no epsilon "
                 "was given: pass epsilon= (and delta=) to calibrate the noise to a "
@@ -107,7 +108,7 @@ class PrivateMCMC(MCMC):
         )
         self.epsilon = epsilon
         self.delta = delta
-        self._calibrate = sampler.noise_multiplier is None
+        self._calibrate = calibrate
         self._ledger = PrivacyLedger(delta, sampler.neighbourhood, accountant)
         sampler._charged_by = self
 

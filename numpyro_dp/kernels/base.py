@@ -56,6 +56,8 @@ class DPKernel(MCMCKernel):
     sample_field = "z"
     #: State fields that may leave the kernel (all post-processing of releases).
     private_safe_fields: tuple[str, ...] = ()
+    #: False for kernels whose cost is fixed by their algorithm (nothing to calibrate).
+    has_noise_multiplier: bool = True
 
     def __init__(
         self,
@@ -115,7 +117,7 @@ class DPKernel(MCMCKernel):
                 "charges every iteration to the privacy ledger; plain "
                 "numpyro.infer.MCMC would release draws without accounting."
             )
-        if noise_multiplier is None:
+        if noise_multiplier is None and self.has_noise_multiplier:
             raise RuntimeError(
                 f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
                 "epsilon and delta to calibrate it, or pass noise_multiplier=."
