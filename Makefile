@@ -5,7 +5,7 @@
 #   make test    run the test suite (exits non-zero on failure);
 #                extra pytest arguments: make test PYTEST_ARGS='-k accounting'
 #   make lint    run ruff on the repository
-#   make bench   run benchmarks/bench_penalty.py
+#   make bench   run benchmarks/bench_penalty.py and bench_barker.py
 #   make clean   remove the virtual environment and caches
 
 PYTHON ?= python3
@@ -35,6 +35,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) benchmarks/bench_penalty.py
+	$(VPY) benchmarks/bench_barker.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
