@@ -199,3 +199,12 @@ def test_everything_published_is_a_function_of_the_decisions(monkeypatch):
         np.testing.assert_array_equal(a, b)
     first, second = outputs(original)
     assert not all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_float64_run(x64):
+    x = np.random.default_rng(0).normal(1.0, 1.0, 5000)
+    kernel = ndp.DPBarker(mean_model, batch_size=200, proposal_scale=0.05, n0=100)
+    mcmc = run(kernel, x, num_warmup=50, num_samples=200, num_chains=2)
+    draws = np.asarray(mcmc.get_samples()["theta"])
+    assert draws.dtype == np.float64 and np.all(np.isfinite(draws))
+    assert abs(draws[100:].mean() - x.mean()) < 0.5  # left the prior point, near the mode

@@ -85,3 +85,15 @@ def test_bad_batch_size_raises_clear_errors(kwargs, match):
         kernel = ndp.DPPenalty(mean_model, llr_clip=1.0, **kwargs)
         ndp.PrivateMCMC(kernel, num_warmup=1, num_samples=1, epsilon=1.0, delta=1e-6,
                         progress_bar=False).run(jax.random.PRNGKey(0), x)
+
+
+def test_float64_run(x64):
+    x = np.random.default_rng(0).normal(1.0, 1.0, 5000)
+    kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=200,
+                           temperature=100 / 5000, noise_multiplier=1e-3)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=100, num_samples=200, num_chains=2, delta=1e-6,
+                           chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), x)
+    draws = np.asarray(mcmc.get_samples()["theta"])
+    assert draws.dtype == np.float64 and np.all(np.isfinite(draws))
+    assert abs(draws.mean() - x.mean()) < 0.5
