@@ -15,11 +15,18 @@ from numpyro_dp.kernels import (
     DPSGHMC,
     DPSGLD,
     DPSGNHT,
+    DPBarker,
+    DPBarkerState,
     DPHMCState,
     DPKernel,
     DPPenalty,
     DPPenaltyState,
     DPSGState,
+)
+from numpyro_dp.kernels.barker import (
+    barker_epsilon,
+    barker_max_batch_size,
+    barker_max_iterations,
 )
 from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
@@ -27,6 +34,11 @@ from numpyro_dp.model import ModelSpecificationError, PrivateModel
 __version__ = "0.1.0"
 
 __all__ = [
+    "DPBarker",
+    "DPBarkerState",
+    "barker_epsilon",
+    "barker_max_batch_size",
+    "barker_max_iterations",
     "DPHMC",
     "DPHMCState",
     "DPKernel",

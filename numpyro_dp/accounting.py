@@ -19,7 +19,11 @@ evaluates the exact privacy-loss distribution of that Gaussian analytically
 discretised ``PLDAccountant`` gives the same curve up to its discretisation
 error, but needs memory that grows like ``mu^2`` and fails for the huge
 epsilons used to compare with non-private inference.  Every other event goes
-to dp-accounting's ``PLDAccountant`` or ``RdpAccountant`` unchanged.
+to dp-accounting's ``PLDAccountant`` or ``RdpAccountant`` unchanged, except
+events of the minibatch kernels (fixed-size batches without replacement, DP
+Barker): whatever the accountant asked for, those go to the RDP accountant of
+:mod:`numpyro_dp.rdp` (WBK amplification; PLD cannot interpret them), and the
+ledger reports ``"rdp"``.
 
 Subsampled releases (``PoissonSampledDpEvent``,
 ``TruncatedSubsampledGaussianDpEvent``, ``SampledWithoutReplacementDpEvent``)
@@ -47,6 +51,8 @@ from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import log_ndtr
+
+from numpyro_dp.rdp import is_rdp_only, rdp_epsilon
 
 NEIGHBOURHOODS = ("substitute", "add_remove")
 ACCOUNTANTS = ("pld", "rdp")
@@ -324,6 +330,14 @@ def epsilon_spent(
                 "neighbourhood only (one row's answer changes)."
             )
         return _pure_epsilon(pure, delta)
+    if is_rdp_only(event):
+        if neighbourhood != "substitute":
+            raise ValueError(
+                "Fixed-size batches drawn without replacement are accounted only for "
+                "the 'substitute' neighbourhood (n is public); use "
+                "neighbourhood='substitute'."
+            )
+        return rdp_epsilon(event, delta)
     mu = gaussian_mu(event)
     if mu is not None and (accountant == "pld" or mu == 0):  # mu == 0: nothing released
         return gaussian_epsilon(mu, delta)
@@ -513,7 +527,7 @@ class PrivacySpent:
         lines = [
             f"({self.epsilon:.4g}, {self.delta:.3g})-DP, {self.neighbourhood} "
             f"neighbourhood, {self.accountant} accountant",
-            f"  {self.num_releases} Gaussian releases, noise multiplier(s) {zs}",
+            f"  {self.num_releases} releases, noise multiplier(s) {zs}",
         ]
         for e in self.ledger:
             lines.append(
@@ -553,6 +567,6 @@ class PrivacyLedger:
             neighbourhood=self.neighbourhood,
             num_releases=count_releases(ev),
             noise_multipliers=noise_multipliers(ev),
-            accountant=self.accountant,
+            accountant="rdp" if is_rdp_only(ev) else self.accountant,
             ledger=tuple(self.entries),
         )

@@ -101,8 +101,8 @@ class PrivateMCMC(MCMC):
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
                 "guarantee; choose it well below 1/n, e.g. delta=0.1/n."
             )
-        noise_free = sampler.noise_multiplier is None and not sampler.noise_fixed_by_dynamics
-        if noise_free and epsilon is None:
+        calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
+        if calibrate and epsilon is None:
             raise ValueError(
                 f"{type(sampler).__name__} has no noise_multiplier and no epsilon "
                 "was given: pass epsilon= (and delta=) to calibrate the noise to a "
@@ -136,7 +136,7 @@ class PrivateMCMC(MCMC):
         )
         self.epsilon = epsilon
         self.delta = delta
-        self._calibrate = noise_free
+        self._calibrate = calibrate
         self._ledger = (
             PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
         )

@@ -58,8 +58,9 @@ class DPKernel(MCMCKernel):
     private_safe_fields: tuple[str, ...] = ()
     #: Accountants that can charge this kernel (see ``PrivateMCMC(accountant=)``).
     accountants: tuple[str, ...] = ("pld", "rdp")
-    #: True when the dynamics fix the noise (nothing to calibrate: a budget is a cap).
-    noise_fixed_by_dynamics: bool = False
+    #: False for kernels whose noise is fixed by their own parameters (batch size,
+    #: step size): there is nothing to calibrate, and an epsilon is only a cap.
+    calibrated_noise: bool = True
 
     def __init__(
         self,
@@ -129,7 +130,7 @@ class DPKernel(MCMCKernel):
                 "charges every iteration to the privacy ledger; plain "
                 "numpyro.infer.MCMC would release draws without accounting."
             )
-        if noise_multiplier is None:
+        if noise_multiplier is None and self.calibrated_noise:
             raise RuntimeError(
                 f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
                 "epsilon and delta to calibrate it, or pass noise_multiplier=."

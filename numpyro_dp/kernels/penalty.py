@@ -14,6 +14,14 @@ Each iteration is one Gaussian release with noise multiplier ``z``
 tempered posterior despite the noise (the penalty method); clipping more than
 about 10-20% of the ratios biases it.
 
+With ``batch_size=b`` (SPEC s3.1, paper 003 s4.1) step 2 uses a batch B of
+``b`` rows drawn without replacement: ``lambda* = (n T / b) sum_B clip_c(r_j)``
+and the CLT correction ``sigma_b^2 = (n T / b)^2 (sum_B r_j^2 - R_B^2 / b)``
+(clipped ratios); the release is ``lambda* - sigma_b^2 / 2 + N(0, sigma^2)``
+with ``sigma = z (Delta_lambda + Delta_half_var)``, ``Delta_lambda = 2 n T c / b``
+and ``Delta_half_var = 2 ((b - 1) / b) (n T / b)^2 c^2``.  Its cost is the
+Gaussian's RDP amplified by the sampling (WBK, :mod:`numpyro_dp.rdp`).
+
 Warm-up adapts the proposal scale (dual averaging on the noisy acceptance
 probability) and the proposal covariance (Welford over the chain's own draws),
 with NumPyro's windowed schedule.  Both are post-processing of releases.
@@ -32,6 +40,7 @@ from numpyro.infer.hmc_util import HMCAdaptState, warmup_adapter
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
+from numpyro_dp.batching import sample_without_replacement
 from numpyro_dp.kernels.base import DPKernel, check_positive
 from numpyro_dp.model import PrivateModel
 
@@ -76,6 +85,23 @@ class DPPenaltyState(NamedTuple):
     rng_key: jax.Array
 
 
+def batch_llr(
+    ratio: jax.Array, clip: jax.Array, scale: float, sensitivity_factor: float
+) -> tuple[jax.Array, jax.Array]:
+    """Subsampled LLR with the CLT correction (SPEC s3.1), and its sensitivity.
+
+    ``ratio`` holds the ``b`` clipped ratios of a batch, ``scale = n T / b``.
+    Returns ``lambda* - sigma_b^2 / 2`` (prior and proposal terms excluded)
+    and ``Delta_lambda + Delta_half_var`` (in units where one row moves a
+    clipped ratio by ``sensitivity_factor * clip``).
+    """
+    b = ratio.shape[0]
+    total = jnp.sum(ratio)
+    half_var = 0.5 * scale**2 * (jnp.sum(ratio**2) - total**2 / b)
+    sensitivity = sensitivity_factor * (scale * clip + (b - 1) / b * scale**2 * clip**2)
+    return scale * total - half_var, sensitivity
+
+
 def dp_penalty(
     private_model: PrivateModel,
     num_warmup: int,
@@ -89,8 +115,9 @@ def dp_penalty(
     adapt_covariance: bool = True,
     dense_covariance: bool = False,
     target_accept_prob: float = 0.234,
+    batch_size: int | None = None,
 ) -> tuple[Callable, Callable]:
-    """Functional core of the DP penalty kernel.
+    """Functional core of the DP penalty kernel (full data, or batches of ``batch_size``).
 
     Returns
     -------
@@ -139,26 +166,39 @@ def dp_penalty(
             size = state.direction[j] * jnp.abs(size)
         return jnp.zeros(dim, theta.dtype).at[j].set(size), j
 
+    def release(ratio, clip, key):
+        """The noisy (clipped, possibly subsampled) log-likelihood ratio and its sigma."""
+        ratio = jnp.where(jnp.isnan(ratio), -clip, ratio)  # nan rows: worst case, still bounded
+        ratio = jnp.clip(ratio, -clip, clip)
+        if batch_size is None:
+            value = temperature * jnp.sum(ratio)
+            sensitivity = sensitivity_factor * temperature * clip
+        else:
+            scale = pm.num_rows * temperature / batch_size
+            value, sensitivity = batch_llr(ratio, clip, scale, sensitivity_factor)
+        sigma = noise_multiplier * sensitivity
+        return value + sigma * random.normal(key, (), value.dtype), sigma
+
     def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict):
-        rng_key, key_prop, key_noise, key_u = random.split(state.rng_key, 4)
+        keys = random.split(state.rng_key, 4 if batch_size is None else 5)
+        rng_key, key_prop, key_noise, key_u = keys[:4]
         theta = pm.ravel(state.z)
         step, j = _propose(state, theta, key_prop)
         z_new = pm.unravel(theta + step)
-        old = pm.log_density_terms(state.z, model_args, model_kwargs)
-        new = pm.log_density_terms(z_new, model_args, model_kwargs)
+        batch = None
+        if batch_size is not None:
+            batch = sample_without_replacement(keys[4], pm.num_rows, batch_size)
+        old = pm.log_density_terms(state.z, model_args, model_kwargs, idx=batch)
+        new = pm.log_density_terms(z_new, model_args, model_kwargs, idx=batch)
 
         # The only data-dependent quantity: a clipped sum, released with noise.
         clip = llr_clip * jnp.linalg.norm(step)
-        ratio = new.loglik_rows - old.loglik_rows
-        ratio = jnp.where(jnp.isnan(ratio), -clip, ratio)  # nan rows: worst case, still bounded
-        llr = temperature * jnp.sum(jnp.clip(ratio, -clip, clip))
-        sigma = noise_multiplier * sensitivity_factor * temperature * clip
-        noisy_llr = llr + sigma * random.normal(key_noise, (), llr.dtype)
+        noisy_llr, sigma = release(new.loglik_rows - old.loglik_rows, clip, key_noise)
 
         log_accept = noisy_llr + new.prior - old.prior - 0.5 * sigma**2
         log_accept = jnp.where(jnp.isnan(log_accept), -jnp.inf, log_accept)
         accept_prob = jnp.exp(jnp.minimum(log_accept, 0.0))
-        accepted = jnp.log(random.uniform(key_u, (), llr.dtype)) < log_accept
+        accepted = jnp.log(random.uniform(key_u, (), noisy_llr.dtype)) < log_accept
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         direction = state.direction
         if proposal == "guided":  # keep the direction on accept, flip it on reject
@@ -218,6 +258,11 @@ class DPPenalty(DPKernel):
         Dense rather than diagonal proposal covariance.
     target_accept_prob : float, optional
         Defaults to 0.234 (random walk) or 0.44 (one coordinate, guided).
+    batch_size : int, optional
+        ``b``: evaluate each test on ``b`` rows drawn without replacement
+        (SPEC s3.1) instead of all ``n``; accounted by RDP with the WBK
+        amplification, ``"substitute"`` neighbourhood only.  The noise grows
+        like ``n / b``, so use it with a temperature ``T`` of order ``n0 / n``.
 
     Notes
     -----
@@ -247,6 +292,7 @@ class DPPenalty(DPKernel):
         adapt_covariance: bool = True,
         dense_covariance: bool = False,
         target_accept_prob: float | None = None,
+        batch_size: int | None = None,
     ):
         super().__init__(
             model,
@@ -275,11 +321,38 @@ class DPPenalty(DPKernel):
         self.adapt_proposal_scale = adapt_proposal_scale
         self.adapt_covariance = adapt_covariance
         self.dense_covariance = dense_covariance
+        if batch_size is not None:
+            if not isinstance(batch_size, int) or batch_size < 2:
+                raise ValueError(
+                    f"batch_size={batch_size!r} must be an integer >= 2 (the CLT "
+                    "correction needs a batch variance), or None for the full data."
+                )
+            if neighbourhood != "substitute":
+                raise ValueError(
+                    "batch_size needs neighbourhood='substitute': fixed-size batches "
+                    "drawn without replacement are accounted for a public n."
+                )
+        self.batch_size = batch_size
+
+    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs)
+        if self.batch_size is not None and self.batch_size > pm.num_rows:
+            raise ValueError(
+                f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}; "
+                "choose batch_size <= n, or None for the full data."
+            )
+        return pm
 
     def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
-        """One Gaussian release of the clipped log-likelihood ratio."""
+        """One Gaussian release of the clipped (batch) log-likelihood ratio."""
         z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        return dpa.GaussianDpEvent(z)
+        if self.batch_size is None:
+            return dpa.GaussianDpEvent(z)
+        if self._private_model is None:
+            raise RuntimeError("The cost depends on n, known once PrivateMCMC.run sees the data.")
+        return dpa.SampledWithoutReplacementDpEvent(
+            self._private_model.num_rows, self.batch_size, dpa.GaussianDpEvent(z)
+        )
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         pm = self._require_runner(self.noise_multiplier)
@@ -295,6 +368,7 @@ class DPPenalty(DPKernel):
             adapt_covariance=self.adapt_covariance,
             dense_covariance=self.dense_covariance,
             target_accept_prob=self.target_accept_prob,
+            batch_size=self.batch_size,
         )
         return self._init_chains(
             rng_key, init_params, model_args, model_kwargs,

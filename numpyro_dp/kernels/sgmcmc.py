@@ -237,7 +237,7 @@ class _StochasticGradientKernel(DPKernel):
 
     private_safe_fields = DPSGState._fields
     default_fields = ("z",)
-    noise_fixed_by_dynamics = True
+    calibrated_noise = False
     num_steps = 1
 
     def __init__(
