@@ -43,7 +43,7 @@ from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.accounting import check_budget, epsilon_spent, max_iterations
 from numpyro_dp.batching import sample_without_replacement
-from numpyro_dp.kernels.base import DPKernel, check_positive
+from numpyro_dp.kernels.base import DPKernel, check_positive, clip_ratios, phase_mean
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.rdp import BarkerDpEvent
 
@@ -214,17 +214,14 @@ def dp_barker(
         new = pm.log_density_terms(z_new, model_args, model_kwargs, idx=batch)
 
         # Private: lambda, sigma_b^2 and the ratios never leave this function.
-        ratio = new.loglik_rows - old.loglik_rows
-        ratio = jnp.where(jnp.isnan(ratio), -clip, ratio)  # nan rows: worst case, still bounded
-        ratio = jnp.clip(ratio, -clip, clip)
+        ratio = clip_ratios(new.loglik_rows - old.loglik_rows, clip)
         lam = (n0 / batch_size) * jnp.sum(ratio) + new.prior - old.prior
         var_b = jnp.minimum(n0**2 / batch_size * jnp.var(ratio), 1.0)  # <= 1; min guards rounding
         accepted = barker_decision(key_noise, lam, var_b, correction)
 
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         i = state.i
-        n = jnp.where(i < num_warmup, i, i - num_warmup)
-        mean = state.mean_accept_prob + (accepted - state.mean_accept_prob) / (n + 1)
+        mean = phase_mean(state.mean_accept_prob, accepted, i, num_warmup)
         return DPBarkerState(i + 1, z, accepted, mean, rng_key)
 
     return init_fn, sample_fn

@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable
 
 import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
 from jax import random, vmap
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
@@ -30,6 +32,21 @@ def check_positive(name: str, value: float, fix: str) -> float:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name}={value!r} must be a finite number > 0; {fix}")
     return float(value)
+
+
+def clip_ratios(ratio: jax.Array, clip: jax.Array) -> jax.Array:
+    """Per-row log-likelihood ratios clipped to ``[-clip, clip]``.
+
+    A NaN ratio (e.g. a proposal outside a row's support) counts as the worst
+    case ``-clip``, so every row's contribution stays bounded by the clip.
+    """
+    return jnp.clip(jnp.where(jnp.isnan(ratio), -clip, ratio), -clip, clip)
+
+
+def phase_mean(mean: jax.Array, value: jax.Array, i: jax.Array, num_warmup: int) -> jax.Array:
+    """Running mean of ``value`` over the current phase (restarted after warm-up)."""
+    n = jnp.where(i < num_warmup, i, i - num_warmup)
+    return mean + (value - mean) / (n + 1)
 
 
 class DPKernel(MCMCKernel):

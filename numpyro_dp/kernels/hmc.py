@@ -43,7 +43,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
-from numpyro_dp.kernels.base import DPKernel, check_positive
+from numpyro_dp.kernels.base import DPKernel, check_positive, clip_ratios, phase_mean
 from numpyro_dp.model import PrivateModel
 
 
@@ -216,9 +216,7 @@ def dp_hmc(
         old = pm.log_density_terms(pm.unravel(theta0), model_args, model_kwargs)
         new = pm.log_density_terms(pm.unravel(theta1), model_args, model_kwargs)
         clip = llr_clip * jnp.linalg.norm(theta1 - theta0)
-        ratio = new.loglik_rows - old.loglik_rows
-        ratio = jnp.where(jnp.isnan(ratio), -clip, ratio)  # still bounded by the clip
-        llr = temperature * jnp.sum(jnp.clip(ratio, -clip, clip))
+        llr = temperature * jnp.sum(clip_ratios(new.loglik_rows - old.loglik_rows, clip))
         sigma_llr = noise_multiplier_llr * sensitivity_factor * temperature * clip
         noisy_llr = gaussian_release(key_llr, llr, sigma_llr)
 
@@ -239,8 +237,7 @@ def dp_hmc(
                 identity,
                 a,
             )
-        n = jnp.where(i < num_warmup, i, i - num_warmup)
-        mean_accept_prob = state.mean_accept_prob + (accept_prob - state.mean_accept_prob) / (n + 1)
+        mean_accept_prob = phase_mean(state.mean_accept_prob, accept_prob, i, num_warmup)
         return DPHMCState(
             i + 1, pm.unravel(theta), accept_prob, accepted, diverging, mean_accept_prob,
             eta, state.num_steps, a, state.halton_shift, rng_key,

@@ -41,7 +41,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.batching import sample_without_replacement
-from numpyro_dp.kernels.base import DPKernel, check_positive
+from numpyro_dp.kernels.base import DPKernel, check_positive, clip_ratios, phase_mean
 from numpyro_dp.model import PrivateModel
 
 PROPOSALS = ("random_walk", "one_coordinate", "guided")
@@ -168,8 +168,7 @@ def dp_penalty(
 
     def release(ratio, clip, key):
         """The noisy (clipped, possibly subsampled) log-likelihood ratio and its sigma."""
-        ratio = jnp.where(jnp.isnan(ratio), -clip, ratio)  # nan rows: worst case, still bounded
-        ratio = jnp.clip(ratio, -clip, clip)
+        ratio = clip_ratios(ratio, clip)
         if batch_size is None:
             value = temperature * jnp.sum(ratio)
             sensitivity = sensitivity_factor * temperature * clip
@@ -213,8 +212,7 @@ def dp_penalty(
                 identity,
                 adapt_state,
             )
-        n = jnp.where(i < num_warmup, i, i - num_warmup)
-        mean_accept_prob = state.mean_accept_prob + (accept_prob - state.mean_accept_prob) / (n + 1)
+        mean_accept_prob = phase_mean(state.mean_accept_prob, accept_prob, i, num_warmup)
         return DPPenaltyState(
             i + 1, z, accept_prob, accepted, mean_accept_prob,
             adapt_state.step_size, adapt_state, direction, rng_key,
