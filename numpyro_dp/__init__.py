@@ -12,6 +12,7 @@ from numpyro_dp.accounting import (
 from numpyro_dp.inference_data import to_inference_data
 from numpyro_dp.kernels import (
     DPHMC,
+    DPMALA,
     DPSGHMC,
     DPSGLD,
     DPSGNHT,
@@ -42,6 +43,7 @@ __all__ = [
     "DPHMC",
     "DPHMCState",
     "DPKernel",
+    "DPMALA",
     "DPPenalty",
     "DPPenaltyState",
     "DPSGHMC",

@@ -27,6 +27,7 @@ from scipy.optimize import brentq
 from scipy.special import erfc
 
 import numpyro_dp as ndp
+import numpyro_dp.kernels.base as base
 import numpyro_dp.kernels.hmc as hmc
 from numpyro_dp.kernels.hmc import split_noise_multiplier
 from numpyro_dp.metrics import mmd
@@ -293,10 +294,16 @@ def test_spec_check_figure_banana_reference_run():
 
 
 # ------------------------------------------- 5. releases made == releases charged
+def patch_releases(monkeypatch, release):
+    """Route every Gaussian release of DPHMC (gradients and LLR) through ``release``."""
+    for module in (hmc, base):
+        monkeypatch.setattr(module, "gaussian_release", release)
+
+
 def counting_release(monkeypatch):
     """Patch gaussian_release to log (kind, sigma) at run time; kind 0 = LLR, 1 = gradient."""
     log = []
-    original = hmc.gaussian_release
+    original = base.gaussian_release
 
     def record(kind, sigma):
         log.append((kind, float(sigma)))
@@ -305,7 +312,7 @@ def counting_release(monkeypatch):
         jax.debug.callback(functools.partial(record, jnp.ndim(value)), sigma, ordered=True)
         return original(key, value, sigma)
 
-    monkeypatch.setattr(hmc, "gaussian_release", release)
+    patch_releases(monkeypatch, release)
     return log
 
 
@@ -489,10 +496,10 @@ def test_everything_published_is_a_function_of_the_releases(monkeypatch):
     potential energy or gradient in the state, or an accept test that used the
     un-noised LLR, would make them differ).  Control: with noise-free releases of
     the true values the outputs do differ."""
-    original = hmc.gaussian_release
+    original = base.gaussian_release
 
     def outputs(release):
-        monkeypatch.setattr(hmc, "gaussian_release", release)
+        patch_releases(monkeypatch, release)
         leaves = []
         for seed in (0, 1):
             X, y = make_logistic_data(100, 2, seed=seed)

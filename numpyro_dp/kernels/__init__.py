@@ -3,11 +3,13 @@
 from numpyro_dp.kernels.barker import DPBarker, DPBarkerState, dp_barker
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.kernels.hmc import DPHMC, DPHMCState, dp_hmc
+from numpyro_dp.kernels.mala import DPMALA
 from numpyro_dp.kernels.penalty import DPPenalty, DPPenaltyState, dp_penalty
 from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT, DPSGState
 
 __all__ = [
     "DPHMC",
+    "DPMALA",
     "DPSGHMC",
     "DPSGLD",
     "DPSGNHT",

@@ -43,6 +43,47 @@ def clip_ratios(ratio: jax.Array, clip: jax.Array) -> jax.Array:
     return jnp.clip(jnp.where(jnp.isnan(ratio), -clip, ratio), -clip, clip)
 
 
+def gaussian_release(key: jax.Array, value: jax.Array, sigma: jax.Array) -> jax.Array:
+    """``value + N(0, sigma^2)``: every Gaussian mechanism of the kernels goes through here."""
+    return value + sigma * random.normal(key, jnp.shape(value), jnp.result_type(value))
+
+
+def release_llr(
+    key: jax.Array,
+    ratio: jax.Array,
+    clip: jax.Array,
+    *,
+    temperature: float,
+    noise_multiplier: float,
+    sensitivity_factor: float,
+) -> tuple[jax.Array, jax.Array]:
+    """The full-data penalty release ``T sum_i clip_c(r_i) + N(0, sigma^2)`` and its sigma.
+
+    ``sigma = z * Delta`` with ``Delta = sensitivity_factor * T * clip``: one row
+    moves the clipped sum by at most that much.
+    """
+    sigma = noise_multiplier * sensitivity_factor * temperature * clip
+    return gaussian_release(key, temperature * jnp.sum(clip_ratios(ratio, clip)), sigma), sigma
+
+
+def penalty_test(
+    key: jax.Array, noisy_log_ratio: jax.Array, sigma: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The penalty method's accept step: accept iff ``log u < lambda_hat - sigma^2 / 2``.
+
+    ``noisy_log_ratio`` is the released (noisy) log acceptance ratio and
+    ``sigma`` the standard deviation of its noise, symmetric in the two points.
+    A non-finite ratio rejects.  Returns the noisy acceptance probability
+    ``min(1, exp(lambda_hat - sigma^2 / 2))`` and the decision, both
+    post-processing of the release.
+    """
+    log_accept = noisy_log_ratio - 0.5 * sigma**2
+    log_accept = jnp.where(jnp.isfinite(log_accept), log_accept, -jnp.inf)
+    accept_prob = jnp.exp(jnp.minimum(log_accept, 0.0))
+    accepted = jnp.log(random.uniform(key, (), jnp.result_type(log_accept))) < log_accept
+    return accept_prob, accepted
+
+
 def phase_mean(mean: jax.Array, value: jax.Array, i: jax.Array, num_warmup: int) -> jax.Array:
     """Running mean of ``value`` over the current phase (restarted after warm-up)."""
     n = jnp.where(i < num_warmup, i, i - num_warmup)

@@ -43,7 +43,14 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
-from numpyro_dp.kernels.base import DPKernel, check_positive, clip_ratios, phase_mean
+from numpyro_dp.kernels.base import (
+    DPKernel,
+    check_positive,
+    gaussian_release,
+    penalty_test,
+    phase_mean,
+    release_llr,
+)
 from numpyro_dp.model import PrivateModel
 
 
@@ -90,11 +97,6 @@ class DPHMCState(NamedTuple):
     rng_key: jax.Array
 
 
-def gaussian_release(key: jax.Array, value: jax.Array, sigma: jax.Array) -> jax.Array:
-    """``value + N(0, sigma^2)``: every Gaussian mechanism of the kernel goes through here."""
-    return value + sigma * random.normal(key, jnp.shape(value), jnp.result_type(value))
-
-
 def van_der_corput(i: jax.Array) -> jax.Array:
     """Base-2 radical inverse of the integer ``i`` (the 1-D Halton sequence)."""
     bits = (i.astype(jnp.uint32) >> jnp.arange(32, dtype=jnp.uint32)) & 1
@@ -132,8 +134,14 @@ def dp_hmc(
     dense_mass: bool = False,
     target_accept_prob: float = 0.8,
     grad_route: str = "auto",
+    proposal_variance_factor: float = 1.0,
 ) -> tuple[Callable, Callable]:
-    """Functional core of DP-HMC.
+    """Functional core of DP-HMC (and of DP-MALA, its one-step case).
+
+    ``proposal_variance_factor`` ``a`` draws the momentum from ``N(0, a M)``
+    and uses the kinetic energy ``p^T M^-1 p / (2 a)``; with one step this is
+    the MALA proposal ``N(theta + (eta^2/2) M^-1 g, a eta^2 M^-1)``.  ``a = 1``
+    is ordinary HMC.
 
     Returns
     -------
@@ -184,7 +192,7 @@ def dp_hmc(
             return inv_mass @ p if dense_mass else inv_mass * p
 
         def kinetic(p):
-            return 0.5 * jnp.dot(velocity(p), p)
+            return 0.5 * jnp.dot(velocity(p), p) / proposal_variance_factor
 
         def prior(theta):
             return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
@@ -200,7 +208,7 @@ def dp_hmc(
 
         eps = random.normal(key_p, (dim,), theta0.dtype)
         root = a.mass_matrix_sqrt
-        p0 = root @ eps if dense_mass else root * eps
+        p0 = math.sqrt(proposal_variance_factor) * (root @ eps if dense_mass else root * eps)
         keys = random.split(key_grads, num_steps + 1)
         p = p0 + 0.5 * eta * noisy_grad(theta0, keys[0])
 
@@ -216,17 +224,14 @@ def dp_hmc(
         old = pm.log_density_terms(pm.unravel(theta0), model_args, model_kwargs)
         new = pm.log_density_terms(pm.unravel(theta1), model_args, model_kwargs)
         clip = llr_clip * jnp.linalg.norm(theta1 - theta0)
-        llr = temperature * jnp.sum(clip_ratios(new.loglik_rows - old.loglik_rows, clip))
-        sigma_llr = noise_multiplier_llr * sensitivity_factor * temperature * clip
-        noisy_llr = gaussian_release(key_llr, llr, sigma_llr)
-
+        noisy_llr, sigma_llr = release_llr(
+            key_llr, new.loglik_rows - old.loglik_rows, clip, temperature=temperature,
+            noise_multiplier=noise_multiplier_llr, sensitivity_factor=sensitivity_factor,
+        )
         delta_h = noisy_llr + new.prior - old.prior + kinetic(p0) - kinetic(p1)
-        log_accept = delta_h - 0.5 * sigma_llr**2
-        finite = jnp.all(jnp.isfinite(theta1)) & jnp.isfinite(log_accept)
-        log_accept = jnp.where(finite, log_accept, -jnp.inf)
-        diverging = ~finite | (delta_h < -1000.0)
-        accept_prob = jnp.exp(jnp.minimum(log_accept, 0.0))
-        accepted = jnp.log(random.uniform(key_u, (), theta0.dtype)) < log_accept
+        delta_h = jnp.where(jnp.all(jnp.isfinite(theta1)), delta_h, jnp.nan)
+        diverging = ~jnp.isfinite(delta_h) | (delta_h < -1000.0)
+        accept_prob, accepted = penalty_test(key_u, delta_h, sigma_llr)
         theta = jnp.where(accepted, theta1, theta0)
 
         i = state.i
@@ -309,6 +314,8 @@ class DPHMC(DPKernel):
 
     private_safe_fields = DPHMCState._fields
     default_fields = ("z", "accept_prob", "accepted", "diverging")
+    #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).
+    proposal_variance_factor = 1.0
 
     def __init__(
         self,
@@ -473,6 +480,7 @@ class DPHMC(DPKernel):
             dense_mass=self.dense_mass,
             target_accept_prob=self.target_accept_prob,
             grad_route=self.grad_route,
+            proposal_variance_factor=self.proposal_variance_factor,
         )
         inv_mass = self._initial_inverse_mass_matrix(jnp.result_type(float))
         return self._init_chains(

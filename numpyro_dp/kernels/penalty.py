@@ -41,7 +41,15 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.batching import sample_without_replacement
-from numpyro_dp.kernels.base import DPKernel, check_positive, clip_ratios, phase_mean
+from numpyro_dp.kernels.base import (
+    DPKernel,
+    check_positive,
+    clip_ratios,
+    gaussian_release,
+    penalty_test,
+    phase_mean,
+    release_llr,
+)
 from numpyro_dp.model import PrivateModel
 
 PROPOSALS = ("random_walk", "one_coordinate", "guided")
@@ -168,15 +176,15 @@ def dp_penalty(
 
     def release(ratio, clip, key):
         """The noisy (clipped, possibly subsampled) log-likelihood ratio and its sigma."""
-        ratio = clip_ratios(ratio, clip)
         if batch_size is None:
-            value = temperature * jnp.sum(ratio)
-            sensitivity = sensitivity_factor * temperature * clip
-        else:
-            scale = pm.num_rows * temperature / batch_size
-            value, sensitivity = batch_llr(ratio, clip, scale, sensitivity_factor)
+            return release_llr(
+                key, ratio, clip, temperature=temperature,
+                noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
+            )
+        scale = pm.num_rows * temperature / batch_size
+        value, sensitivity = batch_llr(clip_ratios(ratio, clip), clip, scale, sensitivity_factor)
         sigma = noise_multiplier * sensitivity
-        return value + sigma * random.normal(key, (), value.dtype), sigma
+        return gaussian_release(key, value, sigma), sigma
 
     def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict):
         keys = random.split(state.rng_key, 4 if batch_size is None else 5)
@@ -194,10 +202,7 @@ def dp_penalty(
         clip = llr_clip * jnp.linalg.norm(step)
         noisy_llr, sigma = release(new.loglik_rows - old.loglik_rows, clip, key_noise)
 
-        log_accept = noisy_llr + new.prior - old.prior - 0.5 * sigma**2
-        log_accept = jnp.where(jnp.isnan(log_accept), -jnp.inf, log_accept)
-        accept_prob = jnp.exp(jnp.minimum(log_accept, 0.0))
-        accepted = jnp.log(random.uniform(key_u, (), noisy_llr.dtype)) < log_accept
+        accept_prob, accepted = penalty_test(key_u, noisy_llr + new.prior - old.prior, sigma)
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         direction = state.direction
         if proposal == "guided":  # keep the direction on accept, flip it on reject

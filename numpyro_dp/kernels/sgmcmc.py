@@ -47,8 +47,7 @@ from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.batching import poisson_batch, poisson_buffer_size, sample_without_replacement
 from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
-from numpyro_dp.kernels.base import DPKernel, check_positive
-from numpyro_dp.kernels.hmc import gaussian_release
+from numpyro_dp.kernels.base import DPKernel, check_positive, gaussian_release
 from numpyro_dp.model import PrivateModel
 
 BATCHINGS = ("poisson", "without_replacement")

@@ -1,0 +1,206 @@
+"""DPMALA (SPEC s6): exactness, privacy accounting, API.
+
+DP-MALA with ``a = 1`` is DP-HMC with one leapfrog step, so it shares DPHMC's
+core; these tests check what is MALA's own: the equivalence, the proposal
+variance factor ``a`` (its proposal ratio), exactness with fixed step size
+and real gradient noise, and the cost of two gradient releases and one LLR
+release per iteration.  Tolerances come from the Monte Carlo error as in
+``test_hmc.py``, whose helpers are reused.
+"""
+
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from conftest import logistic_model
+from numpyro.infer import init_to_median
+from test_hmc import (
+    NEGLIGIBLE,
+    assert_mmd_within_exact_spread,
+    assert_moments_match,
+    counting_release,
+    max_row_grad_norm,
+    moment_errors,
+    negligible_noise_warnings,
+    run,
+    spec_gaussian_problem,
+)
+
+import numpyro_dp as ndp
+from numpyro_dp.models import (
+    banana_data,
+    banana_model,
+    banana_posterior_sample,
+    gaussian_model,
+    gaussian_posterior,
+)
+
+
+# ------------------------------------------- 1. exact draws
+@pytest.mark.slow
+@negligible_noise_warnings
+def test_banana_negligible_noise_matches_exact_posterior():
+    """SPEC s8 banana at the n = 1e5 posterior (n = 1000 rows with scaled row
+    variances, as in test_hmc), adapted step size and diagonal preconditioner.
+    MALA follows the curved ridge slowly (ESS ~ 1% of the draws), hence the long run."""
+    n = 1000
+    row_var = (2000.0 * n / 1e5, 2500.0 * n / 1e5)
+    X = banana_data(jax.random.PRNGKey(1), n, row_var=row_var)
+    clip = 1e4
+    kernel = ndp.DPMALA(banana_model, step_size=0.01, grad_clip=clip, llr_clip=clip,
+                        **NEGLIGIBLE)
+    mcmc = run(kernel, X, row_var=row_var, num_warmup=2000, num_samples=40_000)
+    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
+
+    def exact(seed, size):
+        return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size,
+                                       row_var=row_var)
+
+    assert max_row_grad_norm(banana_model, (X,), {"row_var": row_var},
+                             exact(99, 50)) < clip / 100
+    assert_mmd_within_exact_spread(chains, exact)
+    assert_moments_match(chains, exact(98, 20_000)[None])
+
+
+@pytest.mark.slow
+@negligible_noise_warnings
+def test_spec_gaussian_negligible_noise_matches_exact_posterior():
+    """SPEC s8 Gaussian, d = 10 (condition number ~800), dense preconditioner
+    adapted in warm-up, chains started at the posterior mean."""
+    X, cov = spec_gaussian_problem(200)
+    mean, post_cov = gaussian_posterior(X, cov)
+    clip = 1e6
+    kernel = ndp.DPMALA(gaussian_model, step_size=0.01, grad_clip=clip, llr_clip=clip,
+                        dense_mass=True, **NEGLIGIBLE)
+    init = {"theta": np.tile(mean.astype(np.float32), (4, 1))}
+    mcmc = run(kernel, X, cov, num_warmup=1000, num_samples=4000, init_params=init)
+    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
+    root = np.linalg.cholesky(post_cov)
+
+    def exact(seed, size):
+        return mean + np.random.default_rng(seed).normal(size=(size, len(mean))) @ root.T
+
+    assert max_row_grad_norm(gaussian_model, (X, cov), {}, exact(99, 50)) < clip / 100
+    assert_mmd_within_exact_spread(chains, exact)
+    white = (chains - mean) @ np.linalg.inv(root).T
+    _, sd, se_mean, se_log_sd = moment_errors(white)
+    np.testing.assert_array_less(np.abs(white.reshape(-1, 10).mean(0)), 4 * se_mean)
+    np.testing.assert_array_less(np.abs(np.log(sd)), 4 * se_log_sd)
+
+
+def unit_gaussian_model(X):
+    """theta ~ N(0, 100^2 I); rows x_i ~ N(theta, I)."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 100.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("x", dist.Normal(theta, 1.0).to_event(1), obs=X)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factor", [1.0, 2.5])
+def test_real_gradient_noise_fixed_step_is_exact(factor):
+    """Rows x_i ~ N(theta, I) in 2-D with n = 500: the conjugate posterior is
+    N(~xbar, I / n).  |r_i| <= h ||x_i - (theta + theta') / 2|| <= 10 h for every
+    row near the posterior, so llr_clip = 10 clips nothing (checked); the gradient
+    clip of 1 clips most rows and z_g = 20 adds noise of sd 40 to each gradient.
+    With a fixed step size the chain must still target the exact posterior, for
+    plain MALA and for a proposal variance factor a != 1 (whose proposal ratio
+    K(p_0) / a - K(p_1) / a this checks); the noise lowers the acceptance rate."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(500, 2)).astype(np.float32) + np.float32([0.5, -1.0])
+    mean, post_cov = gaussian_posterior(X, np.eye(2))
+    assert np.max(np.linalg.norm(X - mean, axis=1)) < 9.0  # nothing clipped near theta
+    settings = {"step_size": 0.04 / np.sqrt(factor), "grad_clip": 1.0, "llr_clip": 10.0,
+                "proposal_variance_factor": factor, "adapt_step_size": False,
+                "adapt_mass_matrix": False}
+    init = {"theta": np.tile(mean.astype(np.float32), (4, 1))}
+    clean = run(ndp.DPMALA(unit_gaussian_model, **settings, **NEGLIGIBLE), X,
+                num_warmup=0, num_samples=200, init_params=init, extra_fields=("accept_prob",))
+    kernel = ndp.DPMALA(unit_gaussian_model, **settings, noise_multiplier_grad=20.0,
+                        noise_multiplier_llr=1.0)
+    mcmc = run(kernel, X, num_warmup=0, num_samples=4000, init_params=init,
+               extra_fields=("accept_prob",))
+    accept_clean = float(np.mean(clean.get_extra_fields()["accept_prob"]))
+    accept_noisy = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
+    assert accept_noisy < accept_clean - 0.1, (accept_noisy, accept_clean)
+
+    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
+    white = (chains - mean) / np.sqrt(np.diag(post_cov))
+    _, sd, se_mean, se_log_sd = moment_errors(white)
+    np.testing.assert_array_less(np.abs(white.reshape(-1, 2).mean(0)), 4 * se_mean)
+    np.testing.assert_array_less(np.abs(np.log(sd)), 4 * se_log_sd)
+
+
+@negligible_noise_warnings
+def test_mala_is_hmc_with_one_step(logistic_data):
+    """With a = 1, DPMALA and DPHMC(num_steps=1) are the same chain, bit for bit."""
+    X, y = logistic_data
+    common = {"grad_clip": 1.0, "llr_clip": 1.0, "noise_multiplier_grad": 3.0,
+              "noise_multiplier_llr": 1.0, "init_strategy": init_to_median,
+              "target_accept_prob": 0.6}
+    mala = run(ndp.DPMALA(logistic_model, 0.1, **common), X, y=y, num_warmup=20,
+               num_samples=30, num_chains=2)
+    hmc = run(ndp.DPHMC(logistic_model, 0.1, 1, **common), X, y=y, num_warmup=20,
+              num_samples=30, num_chains=2)
+    np.testing.assert_array_equal(mala.get_samples()["w"], hmc.get_samples()["w"])
+    assert mala.privacy_spent().epsilon == hmc.privacy_spent().epsilon
+
+
+# ------------------------------------------- 2. privacy accounting
+def test_releases_made_equal_releases_charged(monkeypatch, logistic_data):
+    """Two gradient releases and one LLR release per iteration, warm-up and every
+    chain included; sigma_g = z_g * 2 T b_g."""
+    X, y = logistic_data
+    log = counting_release(monkeypatch)
+    z_g, z_l, b_g, T = 4.0, 0.5, 0.5, 0.25
+    kernel = ndp.DPMALA(logistic_model, 0.05, grad_clip=b_g, llr_clip=1.0,
+                        proposal_variance_factor=2.0, noise_multiplier_grad=z_g,
+                        noise_multiplier_llr=z_l, temperature=T,
+                        init_strategy=init_to_median)
+    mcmc = run(kernel, X, y=y, num_warmup=3, num_samples=7, num_chains=2,
+               chain_method="sequential")
+    kinds = [k for k, _ in log]
+    iterations = 2 * (3 + 7)
+    assert kinds == [1, 1, 0] * iterations
+    assert mcmc.privacy_spent().num_releases == len(log) == 3 * iterations
+    sigmas = np.array([s for k, s in log if k == 1])
+    np.testing.assert_allclose(sigmas, z_g * 2 * T * b_g, rtol=1e-6)
+    # The same cost as DP-HMC with one leapfrog step.
+    hmc = ndp.DPHMC(logistic_model, 0.05, 1, grad_clip=b_g, llr_clip=1.0,
+                    noise_multiplier_grad=z_g, noise_multiplier_llr=z_l)
+    assert kernel.per_iteration_event() == hmc.per_iteration_event()
+
+
+def test_calibration_to_a_budget(logistic_data):
+    X, y = logistic_data
+    kernel = ndp.DPMALA(logistic_model, 0.05, grad_clip=1.0, llr_clip=1.0,
+                        llr_budget_fraction=0.4, init_strategy=init_to_median)
+    mcmc = run(kernel, X, y=y, num_warmup=10, num_samples=20, num_chains=2, epsilon=2.0)
+    spent = mcmc.privacy_spent()
+    assert 2.0 - 1e-2 <= spent.epsilon <= 2.0
+    z_g, z_l = kernel.noise_multipliers()
+    np.testing.assert_allclose(1 / z_l**2 + 2 / z_g**2, 1 / kernel.noise_multiplier**2)
+    assert spent.num_releases == 2 * 30 * 3
+    state = mcmc.last_state
+    assert set(state._fields) <= set(ndp.DPMALA.private_safe_fields)
+    assert int(state.num_steps[0]) == 1
+
+
+# ------------------------------------------- 3. API and errors
+@pytest.mark.parametrize("bad, match", [
+    ({"proposal_variance_factor": 0.0}, "proposal_variance_factor"),
+    ({"proposal_variance_factor": float("nan")}, "proposal_variance_factor"),
+    ({"grad_clip": -1.0}, "grad_clip"),
+    ({"llr_clip": 0.0}, "llr_clip"),
+    ({"step_size": 0.0}, "step_size"),
+    ({"noise_multiplier_grad": 1.0}, "both"),
+])
+def test_bad_arguments_raise_clear_errors(bad, match):
+    kwargs = {"grad_clip": 1.0, "llr_clip": 1.0, **bad}
+    with pytest.raises(ValueError, match=match):
+        ndp.DPMALA(logistic_model, **kwargs)
+
+
+def test_num_steps_is_not_an_argument():
+    with pytest.raises(TypeError, match="num_steps"):
+        ndp.DPMALA(logistic_model, grad_clip=1.0, llr_clip=1.0, num_steps=3)
