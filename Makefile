@@ -5,8 +5,8 @@
 #   make test    run the test suite (exits non-zero on failure);
 #                extra pytest arguments: make test PYTEST_ARGS='-k accounting'
 #   make lint    run ruff on the repository
-#   make bench   run benchmarks/bench_penalty.py benchmarks/bench_hmc.py and
-#                benchmarks/bench_barker.py
+#   make bench   run benchmarks/bench_penalty.py, bench_hmc.py, bench_barker.py
+#                and bench_sg.py
 #   make clean   remove the virtual environment and caches
 
 PYTHON ?= python3
@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_penalty.py
 	$(VPY) benchmarks/bench_hmc.py
 	$(VPY) benchmarks/bench_barker.py
+	$(VPY) benchmarks/bench_sg.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

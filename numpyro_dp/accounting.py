@@ -345,9 +345,52 @@ def epsilon_spent(
         event, relation = dpa.GaussianDpEvent(1.0 / mu), _RELATION["add_remove"]
     event = to_dp_accounting(event, neighbourhood)
     if accountant == "pld":
-        acc = pld_privacy_accountant.PLDAccountant(relation)
+        eps = _pld_epsilon(event, relation, delta, neighbourhood)
     else:
         acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+        _check_supported(acc, event, accountant, neighbourhood)
+        acc.compose(event)
+        eps = float(acc.get_epsilon(delta))
+    return math.nextafter(eps, math.inf)
+
+
+#: PLD grid of the first, coarse pass, which bounds epsilon cheaply.
+COARSE_PLD_INTERVAL = 0.05
+#: Finest PLD grid (dp-accounting's default), and the grid relative to epsilon.
+PLD_INTERVAL, PLD_RELATIVE_INTERVAL = 1e-4, 1e-5
+#: Refinements after the coarse pass (two suffice in practice: each grid is set
+#: from an upper bound, which the next pass tightens).
+MAX_PLD_PASSES = 4
+
+
+def _pld_epsilon(event: dpa.DpEvent, relation, delta: float, neighbourhood: str) -> float:
+    """Epsilon by dp-accounting's pessimistic PLD on a grid scaled to epsilon.
+
+    The PLD's support grows with epsilon, so on the default grid (1e-4) a run
+    with a huge epsilon (tiny noise multipliers) needs gigabytes.  Starting
+    from a coarse grid, each pass refines the grid to ``max(1e-4, 1e-5 eps)``
+    for the epsilon just found, until that no longer refines it: every epsilon
+    below 10 ends on dp-accounting's default grid.  Every grid gives an upper
+    bound (the pessimistic PLD rounds losses up), so this never understates.
+    """
+    def epsilon_on(interval: float) -> float:
+        acc = pld_privacy_accountant.PLDAccountant(relation, interval)
+        _check_supported(acc, event, "pld", neighbourhood)
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+    interval = COARSE_PLD_INTERVAL
+    eps = epsilon_on(interval)
+    for _ in range(MAX_PLD_PASSES):
+        finer = max(PLD_INTERVAL, PLD_RELATIVE_INTERVAL * eps)
+        if finer >= interval:
+            break
+        interval = finer
+        eps = min(eps, epsilon_on(interval))
+    return eps
+
+
+def _check_supported(acc, event: dpa.DpEvent, accountant: str, neighbourhood: str) -> None:
     if not acc.supports(event):
         raise ValueError(
             f"The {accountant!r} accountant cannot account for this run under the "
@@ -356,9 +399,6 @@ def epsilon_spent(
             "accounted by accountant='rdp' under 'substitute' only; Poisson "
             "minibatches by either accountant ('pld' is tight)."
         )
-    acc.compose(event)
-    eps = float(acc.get_epsilon(delta))
-    return math.nextafter(eps, math.inf)
 
 
 # ------------------------------------------------------------- calibration
