@@ -117,30 +117,37 @@ def nuts_reference(model, *args, num_samples=2000, seed=1, **kwargs):
 
 
 # ------------------------------------------- 1. negligible noise: exact draws
-@pytest.mark.slow
-@negligible_noise_warnings
-def test_banana_negligible_noise_matches_exact_posterior():
+BANANA_N = 1000
+BANANA_ROW_VAR = (2000.0 * BANANA_N / 1e5, 2500.0 * BANANA_N / 1e5)
+
+
+def assert_exact_on_banana(kernel, num_warmup, num_samples, clip):
     """SPEC s8 banana with n = 1000 rows and row variances scaled by n / 1e5: the
     posterior (precision n / s_j^2, xbar ~ N(., s_j^2 / n)) has exactly the law of
     the reference n = 1e5 one, at 1 % of the cost per gradient."""
-    n = 1000
-    row_var = (2000.0 * n / 1e5, 2500.0 * n / 1e5)
-    X = banana_data(jax.random.PRNGKey(1), n, row_var=row_var)
-    clip = 1e4
-    kernel = ndp.DPHMC(banana_model, step_size=0.01, num_steps=10, grad_clip=clip,
-                       llr_clip=clip, **NEGLIGIBLE)
-    mcmc = run(kernel, X, row_var=row_var, num_warmup=300, num_samples=1500)
+    X = banana_data(jax.random.PRNGKey(1), BANANA_N, row_var=BANANA_ROW_VAR)
+    mcmc = run(kernel, X, row_var=BANANA_ROW_VAR, num_warmup=num_warmup,
+               num_samples=num_samples)
     chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
 
     def exact(seed, size):
         return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size,
-                                       row_var=row_var)
+                                       row_var=BANANA_ROW_VAR)
 
     # Nothing is clipped: |r_i| <= h max ||grad l_i|| on the segment, far below llr_clip h.
-    assert max_row_grad_norm(banana_model, (X,), {"row_var": row_var},
+    assert max_row_grad_norm(banana_model, (X,), {"row_var": BANANA_ROW_VAR},
                              exact(99, 50)) < clip / 100
     assert_mmd_within_exact_spread(chains, exact)
     assert_moments_match(chains, exact(98, 20_000)[None])
+
+
+@pytest.mark.slow
+@negligible_noise_warnings
+def test_banana_negligible_noise_matches_exact_posterior():
+    clip = 1e4
+    kernel = ndp.DPHMC(banana_model, step_size=0.01, num_steps=10, grad_clip=clip,
+                       llr_clip=clip, **NEGLIGIBLE)
+    assert_exact_on_banana(kernel, 300, 1500, clip)
 
 
 def spec_gaussian_problem(n, d=10, seed=0):
@@ -153,25 +160,17 @@ def spec_gaussian_problem(n, d=10, seed=0):
     return X.astype(np.float32), cov.astype(np.float32)
 
 
-@pytest.mark.slow
-@negligible_noise_warnings
-def test_spec_gaussian_negligible_noise_matches_exact_posterior():
+def assert_exact_on_spec_gaussian(kernel, num_warmup, num_samples, clip):
     """SPEC s8 Gaussian, d = 10, with n = 200: the posterior N(~xbar, ~Sigma / n) is the
     n = 1e5 one rescaled (the N(0, 100^2) prior is negligible either way), so the
-    condition number (about 800 for this Sigma) is that of the reference.
-
-    Dense mass matrix adapted in warm-up.  The chains start at the posterior mean (a
-    user-given init; from init_to_uniform the step size shrinks to the smallest scale
-    before the mass matrix is learnt).  Step-size jitter avoids the resonance of a
-    fixed-length trajectory on the adapted, nearly isotropic target (L eta ~ 2 pi
-    gives ESS ~ 20 without it)."""
+    condition number (about 800 for this Sigma) is that of the reference.  The
+    chains start at the posterior mean (a user-given init; from init_to_uniform the
+    step size shrinks to the smallest scale before the mass matrix is learnt)."""
     X, cov = spec_gaussian_problem(200)
     mean, post_cov = gaussian_posterior(X, cov)
-    clip = 1e6
-    kernel = ndp.DPHMC(gaussian_model, step_size=0.01, num_steps=12, grad_clip=clip,
-                       llr_clip=clip, dense_mass=True, step_size_jitter=0.5, **NEGLIGIBLE)
     init = {"theta": np.tile(mean.astype(np.float32), (4, 1))}
-    mcmc = run(kernel, X, cov, num_warmup=500, num_samples=1000, init_params=init)
+    mcmc = run(kernel, X, cov, num_warmup=num_warmup, num_samples=num_samples,
+               init_params=init)
     chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
     root = np.linalg.cholesky(post_cov)
 
@@ -185,6 +184,18 @@ def test_spec_gaussian_negligible_noise_matches_exact_posterior():
     _, sd, se_mean, se_log_sd = moment_errors(white)
     np.testing.assert_array_less(np.abs(white.reshape(-1, 10).mean(0)), 4 * se_mean)
     np.testing.assert_array_less(np.abs(np.log(sd)), 4 * se_log_sd)
+
+
+@pytest.mark.slow
+@negligible_noise_warnings
+def test_spec_gaussian_negligible_noise_matches_exact_posterior():
+    """Dense mass matrix adapted in warm-up.  Step-size jitter avoids the resonance
+    of a fixed-length trajectory on the adapted, nearly isotropic target (L eta ~ 2 pi
+    gives ESS ~ 20 without it)."""
+    clip = 1e6
+    kernel = ndp.DPHMC(gaussian_model, step_size=0.01, num_steps=12, grad_clip=clip,
+                       llr_clip=clip, dense_mass=True, step_size_jitter=0.5, **NEGLIGIBLE)
+    assert_exact_on_spec_gaussian(kernel, 500, 1000, clip)
 
 
 # ------------------------------------ 2. constrained scale: matches NUTS

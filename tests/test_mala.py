@@ -8,7 +8,6 @@ release per iteration.  Tolerances come from the Monte Carlo error as in
 ``test_hmc.py``, whose helpers are reused.
 """
 
-import jax
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -17,76 +16,38 @@ from conftest import logistic_model
 from numpyro.infer import init_to_median
 from test_hmc import (
     NEGLIGIBLE,
-    assert_mmd_within_exact_spread,
-    assert_moments_match,
+    assert_exact_on_banana,
+    assert_exact_on_spec_gaussian,
     counting_release,
-    max_row_grad_norm,
     moment_errors,
     negligible_noise_warnings,
     run,
-    spec_gaussian_problem,
 )
 
 import numpyro_dp as ndp
-from numpyro_dp.models import (
-    banana_data,
-    banana_model,
-    banana_posterior_sample,
-    gaussian_model,
-    gaussian_posterior,
-)
+from numpyro_dp.models import banana_model, gaussian_model, gaussian_posterior
 
 
 # ------------------------------------------- 1. exact draws
 @pytest.mark.slow
 @negligible_noise_warnings
 def test_banana_negligible_noise_matches_exact_posterior():
-    """SPEC s8 banana at the n = 1e5 posterior (n = 1000 rows with scaled row
-    variances, as in test_hmc), adapted step size and diagonal preconditioner.
+    """SPEC s8 banana (as in test_hmc), adapted step size and diagonal preconditioner.
     MALA follows the curved ridge slowly (ESS ~ 1% of the draws), hence the long run."""
-    n = 1000
-    row_var = (2000.0 * n / 1e5, 2500.0 * n / 1e5)
-    X = banana_data(jax.random.PRNGKey(1), n, row_var=row_var)
     clip = 1e4
     kernel = ndp.DPMALA(banana_model, step_size=0.01, grad_clip=clip, llr_clip=clip,
                         **NEGLIGIBLE)
-    mcmc = run(kernel, X, row_var=row_var, num_warmup=2000, num_samples=40_000)
-    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-
-    def exact(seed, size):
-        return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size,
-                                       row_var=row_var)
-
-    assert max_row_grad_norm(banana_model, (X,), {"row_var": row_var},
-                             exact(99, 50)) < clip / 100
-    assert_mmd_within_exact_spread(chains, exact)
-    assert_moments_match(chains, exact(98, 20_000)[None])
+    assert_exact_on_banana(kernel, 2000, 40_000, clip)
 
 
 @pytest.mark.slow
 @negligible_noise_warnings
 def test_spec_gaussian_negligible_noise_matches_exact_posterior():
-    """SPEC s8 Gaussian, d = 10 (condition number ~800), dense preconditioner
-    adapted in warm-up, chains started at the posterior mean."""
-    X, cov = spec_gaussian_problem(200)
-    mean, post_cov = gaussian_posterior(X, cov)
+    """SPEC s8 Gaussian, d = 10 (condition number ~800), dense preconditioner."""
     clip = 1e6
     kernel = ndp.DPMALA(gaussian_model, step_size=0.01, grad_clip=clip, llr_clip=clip,
                         dense_mass=True, **NEGLIGIBLE)
-    init = {"theta": np.tile(mean.astype(np.float32), (4, 1))}
-    mcmc = run(kernel, X, cov, num_warmup=1000, num_samples=4000, init_params=init)
-    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-    root = np.linalg.cholesky(post_cov)
-
-    def exact(seed, size):
-        return mean + np.random.default_rng(seed).normal(size=(size, len(mean))) @ root.T
-
-    assert max_row_grad_norm(gaussian_model, (X, cov), {}, exact(99, 50)) < clip / 100
-    assert_mmd_within_exact_spread(chains, exact)
-    white = (chains - mean) @ np.linalg.inv(root).T
-    _, sd, se_mean, se_log_sd = moment_errors(white)
-    np.testing.assert_array_less(np.abs(white.reshape(-1, 10).mean(0)), 4 * se_mean)
-    np.testing.assert_array_less(np.abs(np.log(sd)), 4 * se_log_sd)
+    assert_exact_on_spec_gaussian(kernel, 1000, 4000, clip)
 
 
 def unit_gaussian_model(X):
