@@ -32,7 +32,7 @@ from numpyro.infer import MCMC, NUTS
 from scipy.stats import chi2, invwishart
 
 from numpyro_dp import linreg as lr
-from numpyro_dp.metrics import mmd
+from numpyro_dp.diagnostics import mmd
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 FIELDS = ["experiment", "setting", "run", "epsilon", "method", "test_mse", "mmd", "seconds"]

@@ -1,6 +1,6 @@
 """numpyro-dp: differentially private MCMC for NumPyro models."""
 
-from numpyro_dp import linreg, mechanisms
+from numpyro_dp import diagnostics, linreg, mechanisms, models
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
     PrivacyLedger,
@@ -57,9 +57,11 @@ __all__ = [
     "PrivateMCMC",
     "PrivateModel",
     "calibrate_noise_multiplier",
+    "diagnostics",
     "epsilon_spent",
     "linreg",
     "max_iterations",
     "mechanisms",
+    "models",
     "to_inference_data",
 ]

@@ -53,14 +53,39 @@ BANANA_REFERENCE = {"a": 20.0, "b": 0.0, "m": 0.0, "prior_var": 1000.0,
                     "row_var": (2000.0, 2500.0), "theta": (0.0, 3.0)}
 
 
-def banana_model(X, a=20.0, b=0.0, m=0.0, prior_var=1000.0, row_var=(2000.0, 2500.0)):
-    """theta ~ Ban(0, prior_var I, a, b, m); row x_i ~ N(g^{-1}(theta), diag(row_var))."""
+def banana_model(X, a=20.0, b=0.0, m=0.0, prior_var=1000.0, row_var=(2000.0, 2500.0),
+                 temperature=1.0):
+    """The banana model of SPEC s8, for any dimension d = X.shape[1] >= 2.
+
+    theta ~ Ban(0, s0^2 I, a, b, m) and row x_i ~ N(g^{-1}(theta), diag(s_j^2)),
+    so the (tempered) posterior is Ban(mu, Sigma, a, b, m) in closed form
+    (:func:`banana_posterior_sample`).
+
+    Parameters
+    ----------
+    X : array, shape (n, d)
+        The rows (the data plate is named ``"data"``).
+    a, b, m : float
+        Curvature, offset and centre of the banana transform g.
+    prior_var : float
+        s0^2, the prior variance of every coordinate before the transform.
+    row_var : float or array of length d
+        s_j^2, the variance of each column of a row (broadcast to d).
+    temperature : float
+        T in (0, 1]: each row's log-likelihood is multiplied by T (through
+        ``numpyro.handlers.scale``). Meant for NUTS references of tempered
+        posteriors; with a DP kernel prefer the kernel's own ``temperature``
+        argument, which scales the rows *after* clipping, so the clip bounds
+        keep their meaning.
+    """
     d = X.shape[1]
+    if d < 2:
+        raise ValueError(f"the banana model needs d >= 2 columns, got {d}")
     row_sd = jnp.sqrt(jnp.broadcast_to(jnp.asarray(row_var, dtype=X.dtype), (d,)))
     theta = numpyro.sample(
         "theta", Banana(jnp.zeros(d), jnp.full(d, np.sqrt(prior_var)), a, b, m)
     )
-    with numpyro.plate("data", X.shape[0]):
+    with numpyro.plate("data", X.shape[0]), numpyro.handlers.scale(scale=temperature):
         numpyro.sample("x", dist.Normal(banana_g_inv(theta, a, b, m), row_sd).to_event(1), obs=X)
 
 
@@ -86,12 +111,35 @@ def banana_posterior_sample(key, X, num_samples, temperature=1.0, a=20.0, b=0.0,
     return z
 
 
-def gaussian_model(X, cov, prior_sd=100.0):
-    """theta ~ N(0, prior_sd^2 I); rows x_i ~ N(theta, cov) with cov known."""
+def gaussian_model(X, cov, prior_sd=100.0, temperature=1.0):
+    """The correlated Gaussian model of SPEC s8.
+
+    theta ~ N(0, prior_sd^2 I); rows x_i ~ N(theta, cov) with ``cov`` known
+    (:func:`gaussian_covariance` draws the paper's). ``temperature``
+    multiplies each row's log-likelihood, as in :func:`banana_model`.
+    """
     d = X.shape[1]
     theta = numpyro.sample("theta", dist.Normal(jnp.zeros(d), prior_sd).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
+    with numpyro.plate("data", X.shape[0]), numpyro.handlers.scale(scale=temperature):
         numpyro.sample("x", dist.MultivariateNormal(theta, covariance_matrix=cov), obs=X)
+
+
+def gaussian_covariance(key, d=10):
+    """Sigma = Q diag(lambda) Q^T with lambda_j ~ Gamma(0.5, 1) and Q from
+    orthonormalising (QR) a d x d matrix of U(0, 1) entries (paper 004 s4)."""
+    k_lam, k_q = jax.random.split(key)
+    lam = np.asarray(jax.random.gamma(k_lam, 0.5, (d,)), np.float64)
+    q, _ = np.linalg.qr(np.asarray(jax.random.uniform(k_q, (d, d)), np.float64))
+    return (q * lam) @ q.T
+
+
+def gaussian_data(key, n, cov, theta=None):
+    """n rows x_i ~ N(theta, cov) (theta = 0 by default)."""
+    cov = np.asarray(cov, np.float64)
+    theta = np.zeros(len(cov)) if theta is None else np.asarray(theta, np.float64)
+    chol = np.linalg.cholesky(cov)
+    z = np.asarray(jax.random.normal(key, (n, len(cov))), np.float64)
+    return jnp.asarray(theta + z @ chol.T)
 
 
 def gaussian_posterior(X, cov, prior_sd=100.0, temperature=1.0):
@@ -103,3 +151,10 @@ def gaussian_posterior(X, cov, prior_sd=100.0, temperature=1.0):
     post_cov = np.linalg.inv(prec)
     post_mean = post_cov @ (temperature * n * cov_inv @ X.mean(0))
     return post_mean, post_cov
+
+
+def gaussian_posterior_sample(key, X, cov, num_samples, prior_sd=100.0, temperature=1.0):
+    """Exact draws from the (tempered) posterior of gaussian_model."""
+    mean, post_cov = gaussian_posterior(X, cov, prior_sd, temperature)
+    z = np.asarray(jax.random.normal(key, (num_samples, len(mean))), np.float64)
+    return mean + z @ np.linalg.cholesky(post_cov).T

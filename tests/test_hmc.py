@@ -29,8 +29,8 @@ from scipy.special import erfc
 import numpyro_dp as ndp
 import numpyro_dp.kernels.base as base
 import numpyro_dp.kernels.hmc as hmc
+from numpyro_dp.diagnostics import mmd
 from numpyro_dp.kernels.hmc import split_noise_multiplier
-from numpyro_dp.metrics import mmd
 from numpyro_dp.models import (
     banana_data,
     banana_model,

@@ -13,7 +13,7 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
 
 import numpyro_dp as ndp
-from numpyro_dp.metrics import mmd
+from numpyro_dp.diagnostics import mmd
 from numpyro_dp.models import (
     banana_data,
     banana_model,
