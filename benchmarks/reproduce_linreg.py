@@ -106,7 +106,8 @@ class CompiledNUTS:
     scale (NumPyro's ``init_to_uniform``).
     """
 
-    def __init__(self, model, example_args, num_warmup, num_samples, dense_mass=True):
+    def __init__(self, model, example_args, num_warmup, num_samples, dense_mass=True,
+                 max_tree_depth=10):
         _, pot_gen, _, trace = initialize_model(random.PRNGKey(0), model,
                                                 model_args=example_args, dynamic_args=True)
         self.tf = {k: biject_to(s["fn"].support) for k, s in trace.items()
@@ -121,7 +122,7 @@ class CompiledNUTS:
                 z[name] = (t.inv(init[name]) if name in init else random.uniform(
                     random.fold_in(k_init, i), self.shape[name], minval=-2.0, maxval=2.0))
             state = init_kernel(z, num_warmup, dense_mass=dense_mass, model_args=args,
-                                rng_key=k_run)
+                                max_tree_depth=max_tree_depth, rng_key=k_run)
             state = lax.fori_loop(0, num_warmup,
                                   lambda _, st: sample_kernel(st, model_args=args), state)
 
@@ -134,10 +135,18 @@ class CompiledNUTS:
 
         self._run = jax.jit(run)
 
+    @staticmethod
+    def _prepare(args, init):
+        return jax.tree.map(jnp.asarray, args), jax.tree.map(jnp.asarray, init or {})
+
     def __call__(self, key, args, init=None):
-        args = jax.tree.map(jnp.asarray, args)
-        init = jax.tree.map(jnp.asarray, init or {})
+        args, init = self._prepare(args, init)
         return {k: np.asarray(v) for k, v in self._run(key, init, args).items()}
+
+    def compile(self, args, init=None):
+        """Compile only (fills JAX's persistent cache when one is configured)."""
+        args, init = self._prepare(args, init)
+        self._run.lower(random.PRNGKey(0), init, args).compile()
 
 
 class Samplers:
@@ -146,10 +155,11 @@ class Samplers:
     def __init__(self, args):
         self.args, self.cache = args, {}
 
-    def get(self, config, model, example_args, num_warmup, dense_mass=True):
+    def get(self, config, model, example_args, num_warmup, num_samples, dense_mass=True,
+            max_tree_depth=10):
         if config not in self.cache:
-            self.cache[config] = CompiledNUTS(model, example_args, num_warmup,
-                                              self.args.samples, dense_mass)
+            self.cache[config] = CompiledNUTS(model, example_args, num_warmup, num_samples,
+                                              dense_mass, max_tree_depth)
         return self.cache[config]
 
 
@@ -161,15 +171,25 @@ def _exact_model(S, z, yy, n, prior):
     numpyro.factor("lik", -n / 2 * jnp.log(s2) - rss / (2 * s2))
 
 
-def nonprivate_theta(key, X, y, prior, samplers):
+def exact_job(X, y, prior, samplers):
     args = (X.T @ X, X.T @ y, float(y @ y), float(len(y)), prior)
-    nuts = samplers.get(("exact", X.shape[1]), _exact_model, args, 500, dense_mass=False)
+    nuts = samplers.get(("exact", X.shape[1]), _exact_model, args, 500, samplers.args.samples,
+                        dense_mass=False)
+    return nuts, args, None
+
+
+def nonprivate_theta(key, X, y, prior, samplers):
+    nuts, args, _ = exact_job(X, y, prior, samplers)
     return nuts(key, args)["theta"]
 
 
 # -------------------------------------------------------------------- runs
-def fit_nuts(key, rel, method, prior, samplers):
-    """``lr.fit`` (same models, initial values and NUTS settings), compiled once per config."""
+def nuts_job(rel, method, prior, samplers):
+    """``lr.fit``'s model, initial values and NUTS settings, compiled once per config.
+
+    normalX may get shorter chains and a lower maximum tree depth
+    (``--nx-warmup``, ``--nx-samples``, ``--nx-max-tree-depth``).
+    """
     S_psd = lr.nearest_psd(rel.S_hat)
     init = {"theta": lr.fast_posterior(rel, prior).mean}
     J, d = rel.S_hat.shape[:2]
@@ -184,9 +204,55 @@ def fit_nuts(key, rel, method, prior, samplers):
             lr.normal_x_model(S_hat, z_hat, n_rows, sigma, prior)
 
         args = (rel.S_hat, rel.z_hat, rel.sigma, prior)
+    a = samplers.args
+    chains = ((a.warmup, a.samples, 10) if method == "fixedS"
+              else (a.nx_warmup, a.nx_samples, a.nx_max_tree_depth))
     config = (method, d, J, tuple(int(r) for r in rel.n_rows))
-    nuts = samplers.get(config, model, args, samplers.args.warmup)
+    return samplers.get(config, model, args, *chains), args, init
+
+
+def fit_nuts(key, rel, method, prior, samplers):
+    nuts, args, init = nuts_job(rel, method, prior, samplers)
     return nuts(key, args, init)["theta"]
+
+
+def real_split(X, run):
+    perm = np.random.default_rng(run).permutation(len(X))
+    return perm[: int(0.8 * len(X))], perm[int(0.8 * len(X)):]
+
+
+def precompile(args):
+    """Compile every NUTS configuration this invocation would run (every K-th with --shard).
+
+    With ``JAX_COMPILATION_CACHE_DIR`` set the executables land in JAX's
+    persistent cache, so the shards that follow load them instead of each
+    compiling all ten (about 10-20 s each, single-threaded).
+    """
+    samplers, jobs = Samplers(args), []
+    for exp, setting, _ in units(args, shard=False):
+        if exp == "sim" and (exp, setting) not in {j[0] for j in jobs}:
+            d = setting
+            X, y, _, _, bx, by = simulate(np.random.default_rng(0), args.n, d, 1)
+            prior, J, delta = lr.LinRegPrior.default(d), 1, 0.1 / args.n
+            jobs.append(((exp, setting), "exact", lambda X=X, y=y, p=prior: exact_job(
+                X, y, p, samplers)))
+        elif exp == "real" and (exp, setting) not in {j[0] for j in jobs}:
+            X, y, bx, by = diabetes()
+            tr, _ = real_split(X, 0)
+            X, y, J = X[tr], y[tr], setting
+            prior, delta = lr.LinRegPrior.default(X.shape[1]), 0.1 / len(tr)
+        else:
+            continue
+        rel = lr.release_linreg_stats(random.PRNGKey(0), X, y, x_bound=bx, y_bound=by,
+                                      epsilon=1.0, delta=delta, num_holders=J, clip=True)
+        for m in ("fixedS", "normalX"):
+            jobs.append(((exp, setting), m, lambda r=rel, m=m, p=prior: nuts_job(
+                r, m, p, samplers)))
+    for (exp, setting), m, job in jobs[args.shard_index::args.shard_count]:
+        t = time.perf_counter()
+        nuts, a, init = job()
+        nuts.compile(a, init)
+        print(f"compiled {exp} {setting} {m}: {time.perf_counter() - t:.1f}s", flush=True)
 
 
 def run_methods(key, X, y, X_test, y_test, x_bound, y_bound, eps, delta, J, prior, ref,
@@ -238,7 +304,7 @@ def append(path, rows):
         w.writerows(rows)
 
 
-def units(args):
+def units(args, shard=True):
     """All (experiment, setting, run) units in a fixed order; a shard takes every K-th.
 
     The order is experiment- and setting-major, so (runs not a multiple of K)
@@ -249,7 +315,7 @@ def units(args):
         out += [("real", J, run) for J in args.holders for run in range(args.runs)]
     if args.only != "real":
         out += [("sim", d, run) for d in args.dims for run in range(args.runs)]
-    return out[args.shard_index::args.shard_count]
+    return out[args.shard_index::args.shard_count] if shard else out
 
 
 def out_path(args, exp):
@@ -284,9 +350,7 @@ def run_real(args, J, run, done, samplers, data):
         return
     X, y, bx, by = data
     prior = lr.LinRegPrior.default(X.shape[1])
-    rng = np.random.default_rng(run)
-    perm = rng.permutation(len(X))
-    tr, te = perm[: int(0.8 * len(X))], perm[int(0.8 * len(X)):]
+    tr, te = real_split(X, run)
     rows = [dict(experiment="real", setting=f"diabetes J={J}", run=run, epsilon=1.0,
                  method=m, test_mse=mse, mmd=dd, seconds=s)
             for m, mse, dd, s in run_methods(
@@ -304,12 +368,13 @@ def run_units(args):
     todo = units(args)
     data = diabetes() if any(u[0] == "real" for u in todo) else None
     for exp, setting, run in todo:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         if exp == "real":
             run_real(args, setting, run, done["real"], samplers, data)
         else:
             run_sim(args, setting, run, done["sim"], samplers)
-        print(f"unit {exp} {setting} {run}: {time.perf_counter() - t:.1f}s", flush=True)
+        print(f"unit {exp} {setting} {run}: {time.perf_counter() - t:.1f}s wall, "
+              f"{time.process_time() - c:.1f}s CPU", flush=True)
 
 
 # ------------------------------------------------------------------ report
@@ -401,6 +466,13 @@ def main():
     p.add_argument("--holders", type=int, nargs="+", default=[1, 5])
     p.add_argument("--warmup", type=int, help="NUTS warm-up iterations (override)")
     p.add_argument("--samples", type=int, help="NUTS draws (override)")
+    p.add_argument("--nx-warmup", type=int, help="normalX warm-up (default: --warmup)")
+    p.add_argument("--nx-samples", type=int, help="normalX draws (default: --samples)")
+    p.add_argument("--nx-max-tree-depth", type=int, default=10,
+                   help="normalX NUTS maximum tree depth (NumPyro's default: 10)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="only compile the NUTS configurations (of this shard), e.g. to fill "
+                        "JAX_COMPILATION_CACHE_DIR before the shards start")
     p.add_argument("--shard", type=parse_shard, metavar="I/K",
                    help="process I of K: every K-th (experiment, setting, run) unit, "
                         "rows to linreg_{sim,real}.shard{I}.csv, single-threaded")
@@ -414,8 +486,16 @@ def main():
         args.eps, warmup, samples = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0), 1000, 1000
     args.warmup = args.warmup or warmup
     args.samples = args.samples or samples
+    args.nx_warmup = args.nx_warmup or args.warmup
+    args.nx_samples = args.nx_samples or args.samples
     args.shard_index, args.shard_count = args.shard or (0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if args.compile_only:
+        precompile(args)
+        return
     if not args.report:
         t = time.perf_counter()
         run_units(args)
