@@ -256,12 +256,12 @@ def precompile(args):
 
 
 def run_methods(key, X, y, X_test, y_test, x_bound, y_bound, eps, delta, J, prior, ref,
-                samplers):
+                samplers, methods=METHODS):
     """Yield (method, test_mse, mmd, seconds) for every method at one epsilon."""
     k_rel, k_fit, k_ada, k_draw = random.split(key, 4)
     rel = lr.release_linreg_stats(k_rel, X, y, x_bound=x_bound, y_bound=y_bound,
                                   epsilon=eps, delta=delta, num_holders=J, clip=True)
-    for method in METHODS:
+    for method in methods:
         t = time.perf_counter()
         if method == "adaSSP":
             theta = lr.adassp(k_ada, X, y, x_bound=x_bound, y_bound=y_bound, epsilon=eps,
@@ -307,14 +307,19 @@ def append(path, rows):
 def units(args, shard=True):
     """All (experiment, setting, run) units in a fixed order; a shard takes every K-th.
 
-    The order is experiment- and setting-major, so (runs not a multiple of K)
-    each shard gets a mix of cheap and expensive settings.
+    The units that run normalX (the first ``--nx-runs`` runs; by far the most
+    expensive) come first, the costliest settings first (diabetes J = 5, then
+    sim d = 5, J = 1, d = 2), so that dealing them out round-robin spreads
+    them over the shards; then the rest in the same order.
     """
-    out = []
+    configs = []
     if args.only != "sim":
-        out += [("real", J, run) for J in args.holders for run in range(args.runs)]
+        configs += [("real", J) for J in sorted(args.holders, reverse=True)]
     if args.only != "real":
-        out += [("sim", d, run) for d in args.dims for run in range(args.runs)]
+        configs += [("sim", d) for d in sorted(args.dims, reverse=True)]
+    configs.sort(key=lambda c: -c[1] * (3 if c[0] == "real" else 1))  # rough cost order
+    out = [(e, s, r) for e, s in configs for r in range(min(args.nx_runs, args.runs))]
+    out += [(e, s, r) for e, s in configs for r in range(args.nx_runs, args.runs)]
     return out[args.shard_index::args.shard_count] if shard else out
 
 
@@ -322,6 +327,11 @@ def out_path(args, exp):
     name = f"linreg_{exp}.csv" if args.shard_count == 1 and args.shard is None \
         else f"linreg_{exp}.shard{args.shard_index}.csv"
     return args.out / name
+
+
+def methods_for(args, run):
+    """normalX only in the first ``--nx-runs`` runs (the others all methods)."""
+    return METHODS if run < args.nx_runs else tuple(m for m in METHODS if m != "normalX")
 
 
 def run_sim(args, d, run, done, samplers):
@@ -338,7 +348,7 @@ def run_sim(args, d, run, done, samplers):
                      method=m, test_mse=mse, mmd=dd, seconds=s)
                 for m, mse, dd, s in run_methods(
                     random.fold_in(key, int(eps * 1000)), X, y, Xt, yt, bx, by, eps,
-                    0.1 / args.n, 1, prior, ref, samplers)]
+                    0.1 / args.n, 1, prior, ref, samplers, methods_for(args, run))]
         append(out_path(args, "sim"), rows)
         print(f"sim d={d} run={run} eps={eps}: "
               + ", ".join(f"{r['method']} {r['test_mse']:.4g} ({r['seconds']:.2f}s)"
@@ -355,7 +365,7 @@ def run_real(args, J, run, done, samplers, data):
                  method=m, test_mse=mse, mmd=dd, seconds=s)
             for m, mse, dd, s in run_methods(
                 random.PRNGKey(run), X[tr], y[tr], X[te], y[te], bx, by, 1.0,
-                0.1 / len(tr), J, prior, None, samplers)]
+                0.1 / len(tr), J, prior, None, samplers, methods_for(args, run))]
     append(out_path(args, "real"), rows)
     print(f"real J={J} run={run}: "
           + ", ".join(f"{r['method']} {r['test_mse']:.4g} ({r['seconds']:.2f}s)" for r in rows),
@@ -470,6 +480,7 @@ def main():
     p.add_argument("--nx-samples", type=int, help="normalX draws (default: --samples)")
     p.add_argument("--nx-max-tree-depth", type=int, default=10,
                    help="normalX NUTS maximum tree depth (NumPyro's default: 10)")
+    p.add_argument("--nx-runs", type=int, help="run normalX in the first NX_RUNS runs only")
     p.add_argument("--compile-only", action="store_true",
                    help="only compile the NUTS configurations (of this shard), e.g. to fill "
                         "JAX_COMPILATION_CACHE_DIR before the shards start")
@@ -488,6 +499,7 @@ def main():
     args.samples = args.samples or samples
     args.nx_warmup = args.nx_warmup or args.warmup
     args.nx_samples = args.nx_samples or args.samples
+    args.nx_runs = args.runs if args.nx_runs is None else args.nx_runs
     args.shard_index, args.shard_count = args.shard or (0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):

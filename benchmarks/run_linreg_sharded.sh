@@ -68,7 +68,7 @@ for ((i = 0; i < K; i++)); do
         failed=1
     fi
 done
-echo "shards finished in $((SECONDS - start)) s"
+echo "shards finished: $((SECONDS - start)) s since the start (compile step included)"
 
 "$PYTHON" benchmarks/reproduce_linreg.py --report "$@"
 exit $failed
