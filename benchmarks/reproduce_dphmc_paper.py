@@ -36,7 +36,6 @@ How runs are batched (documented in ``docs/results/README.md``):
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import math
 import pathlib
@@ -48,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 from jax import random
+from results_csv import append, load
 
 import numpyro_dp as ndp
 from numpyro_dp import models
@@ -135,38 +135,45 @@ PROBLEMS = {"banana": banana_problem, "gaussian": gaussian_problem}
 # ------------------------------------------------------------------ kernels
 # The paper's settings (SPEC s8; the reference code for the SG kernels, whose
 # SGLD drift is eta rather than eta/2: our step is twice its step so that the
-# drift matches and the posterior is the untempered one). tau is per sqrt(n).
+# drift matches and the posterior is the untempered one). Noise multipliers are
+# tau * sqrt(n). DPHMC: the paper jitters eta u_t, u_t in [0, 1), so mean eta / 2
+# with near-full jitter. DPMALA and DPSGHMC are not in the paper: their steps
+# are ours (DPSGHMC holds SGNHT's friction fixed, momentum refreshed every 10 steps).
+SETTINGS = {
+    "banana": dict(
+        tau_g=0.55, tau_l=0.10, tau_penalty=0.17,
+        hmc=dict(step_size=0.003, num_steps=25, grad_clip=0.05, llr_clip=0.1),
+        mala=dict(step_size=0.02, grad_clip=0.05, llr_clip=0.1),
+        penalty=dict(llr_clip=0.15, proposal_scale=0.12),
+        sgld=dict(step_size=2e-5, batch_size=1000, grad_clip=0.2),
+        sgnht=dict(step_size=1e-3, batch_size=1000, grad_clip=0.2, diffusion=50.0),
+        sghmc=dict(step_size=1e-3, batch_size=1000, grad_clip=0.2, friction=50.0),
+    ),
+    "gaussian": dict(
+        tau_g=0.25, tau_l=0.10, tau_penalty=0.05,
+        hmc=dict(step_size=0.000075, num_steps=12, grad_clip=10.0, llr_clip=6.0),
+        mala=dict(step_size=0.0003, grad_clip=10.0, llr_clip=6.0),
+        penalty=dict(llr_clip=10.0, proposal_scale=0.007),
+        sgld=dict(step_size=1.6e-7, batch_size=1000, grad_clip=15.0),
+        sgnht=dict(step_size=2e-6, batch_size=1000, grad_clip=12.0, diffusion=30.0),
+        sghmc=dict(step_size=2e-6, batch_size=1000, grad_clip=12.0, friction=30.0),
+    ),
+}
+
+
 def kernels(problem: Problem) -> dict[str, Callable[[], ndp.DPKernel]]:
-    m, rn = problem.model, math.sqrt(problem.n)
-    # the paper jitters eta u_t with u_t in [0, 1): mean eta / 2, near-full jitter
-    if problem.name == "banana":
-        hmc = dict(step_size=0.003, num_steps=25, grad_clip=0.05, llr_clip=0.1,
-                   noise_multiplier_grad=0.55 * rn, noise_multiplier_llr=0.10 * rn)
-        mala = dict(step_size=0.02, grad_clip=0.05, llr_clip=0.1,
-                    noise_multiplier_grad=0.55 * rn, noise_multiplier_llr=0.10 * rn)
-        pen = dict(llr_clip=0.15, proposal_scale=0.12, noise_multiplier=0.17 * rn)
-        sgld = dict(step_size=2e-5, batch_size=1000, grad_clip=0.2)
-        sgnht = dict(step_size=1e-3, batch_size=1000, grad_clip=0.2, diffusion=50.0)
-        sghmc = dict(step_size=1e-3, batch_size=1000, grad_clip=0.2, friction=50.0)
-    else:
-        hmc = dict(step_size=0.000075, num_steps=12, grad_clip=10.0, llr_clip=6.0,
-                   noise_multiplier_grad=0.25 * rn, noise_multiplier_llr=0.10 * rn)
-        mala = dict(step_size=0.0003, grad_clip=10.0, llr_clip=6.0,
-                    noise_multiplier_grad=0.25 * rn, noise_multiplier_llr=0.10 * rn)
-        pen = dict(llr_clip=10.0, proposal_scale=0.007, noise_multiplier=0.05 * rn)
-        sgld = dict(step_size=1.6e-7, batch_size=1000, grad_clip=15.0)
-        sgnht = dict(step_size=2e-6, batch_size=1000, grad_clip=12.0, diffusion=30.0)
-        sghmc = dict(step_size=2e-6, batch_size=1000, grad_clip=12.0, friction=30.0)
+    m, rn, s = problem.model, math.sqrt(problem.n), SETTINGS[problem.name]
+    noise = dict(noise_multiplier_grad=s["tau_g"] * rn, noise_multiplier_llr=s["tau_l"] * rn)
     fixed = dict(adapt_step_size=False, adapt_mass_matrix=False)
     return {
-        "DPHMC": lambda: ndp.DPHMC(m, **hmc, **fixed, step_size_jitter=0.99),
-        "DPPenalty": lambda: ndp.DPPenalty(m, **pen, adapt_proposal_scale=False,
-                                           adapt_covariance=False),
-        "DPMALA": lambda: ndp.DPMALA(m, **mala, **fixed),
-        "DPSGLD": lambda: ndp.DPSGLD(m, **sgld),
-        "DPSGNHT": lambda: ndp.DPSGNHT(m, **sgnht),
-        # SGNHT's friction held fixed, momentum refreshed every 10 steps
-        "DPSGHMC": lambda: ndp.DPSGHMC(m, **sghmc, num_steps=10),
+        "DPHMC": lambda: ndp.DPHMC(m, **s["hmc"], **noise, **fixed, step_size_jitter=0.99),
+        "DPPenalty": lambda: ndp.DPPenalty(
+            m, **s["penalty"], noise_multiplier=s["tau_penalty"] * rn,
+            adapt_proposal_scale=False, adapt_covariance=False),
+        "DPMALA": lambda: ndp.DPMALA(m, **s["mala"], **noise, **fixed),
+        "DPSGLD": lambda: ndp.DPSGLD(m, **s["sgld"]),
+        "DPSGNHT": lambda: ndp.DPSGNHT(m, **s["sgnht"]),
+        "DPSGHMC": lambda: ndp.DPSGHMC(m, **s["sghmc"], num_steps=10),
     }
 
 
@@ -214,19 +221,7 @@ def run_chains(kernel, problem, init, num_samples, thinning, seed):
 
 
 def done_units(path: pathlib.Path, key_fields: tuple[str, ...]) -> set[tuple]:
-    if not path.exists():
-        return set()
-    with path.open() as f:
-        return {tuple(r[k] for k in key_fields) for r in csv.DictReader(f)}
-
-
-def append(path: pathlib.Path, fields: list[str], rows: list[dict]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fields)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
+    return {tuple(r[k] for k in key_fields) for r in load(path)}
 
 
 def _median(rows: list[dict], field: str, **where) -> float:
@@ -398,13 +393,6 @@ def _draw_floor(ax, floors: list[dict], model: str) -> None:
 
 
 # ------------------------------------------------------------------ figures
-def load(path: pathlib.Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with path.open() as f:
-        return list(csv.DictReader(f))
-
-
 def summary(out: pathlib.Path) -> str:
     """Markdown table: median (IQR) MMD per model, kernel and eps."""
     rows = load(out / "dphmc_runs.csv")

@@ -50,6 +50,7 @@ from jax import lax, random  # noqa: E402
 from numpyro.distributions.transforms import biject_to  # noqa: E402
 from numpyro.infer.hmc import hmc  # noqa: E402
 from numpyro.infer.util import initialize_model  # noqa: E402
+from results_csv import append, load  # noqa: E402
 from scipy.stats import chi2, invwishart  # noqa: E402
 
 from numpyro_dp import linreg as lr  # noqa: E402
@@ -282,26 +283,11 @@ def csv_files(out, exp):
     return [out / f"linreg_{exp}.csv", *sorted(out.glob(f"linreg_{exp}.shard*.csv"))]
 
 
-def load(path):
-    if not path.exists():
-        return []
-    with path.open() as f:
-        return list(csv.DictReader(f))
-
-
 def done_keys(out, exp):
     """(setting, run, epsilon) whose last method is in the merged or any shard CSV."""
     return {(r["setting"], r["run"], r["epsilon"]) for p in csv_files(out, exp)
             for r in load(p) if r["method"] == METHODS[-1]}
 
-
-def append(path, rows):
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, FIELDS)
-        if new:
-            w.writeheader()
-        w.writerows(rows)
 
 
 def units(args, shard=True):
@@ -349,7 +335,7 @@ def run_sim(args, d, run, done, samplers):
                 for m, mse, dd, s in run_methods(
                     random.fold_in(key, int(eps * 1000)), X, y, Xt, yt, bx, by, eps,
                     0.1 / args.n, 1, prior, ref, samplers, methods_for(args, run))]
-        append(out_path(args, "sim"), rows)
+        append(out_path(args, "sim"), FIELDS, rows)
         print(f"sim d={d} run={run} eps={eps}: "
               + ", ".join(f"{r['method']} {r['test_mse']:.4g} ({r['seconds']:.2f}s)"
                           for r in rows), flush=True)
@@ -366,7 +352,7 @@ def run_real(args, J, run, done, samplers, data):
             for m, mse, dd, s in run_methods(
                 random.PRNGKey(run), X[tr], y[tr], X[te], y[te], bx, by, 1.0,
                 0.1 / len(tr), J, prior, None, samplers, methods_for(args, run))]
-    append(out_path(args, "real"), rows)
+    append(out_path(args, "real"), FIELDS, rows)
     print(f"real J={J} run={run}: "
           + ", ".join(f"{r['method']} {r['test_mse']:.4g} ({r['seconds']:.2f}s)" for r in rows),
           flush=True)

@@ -15,6 +15,7 @@ def script():
     spec = importlib.util.spec_from_file_location("reproduce_dphmc_paper", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
+    sys.path.insert(0, str(SCRIPT.parent))  # as when run as a script: results_csv
     spec.loader.exec_module(module)
     return module
 
