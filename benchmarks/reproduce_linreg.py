@@ -418,9 +418,10 @@ def figures(out):
                             for e in eps]
                     runs = min(len(v) for v in vals)
                     if not all(math.isnan(x) for v in vals for x in v):
-                        axes[row, col].plot(eps, [np.mean(v) for v in vals], "o-", label=m)
+                        axes[row, col].plot(eps, [np.mean(v) for v in vals], "o-",
+                                            label=f"{m} ({runs} runs)")
                     axes[row, col].set(xscale="log", yscale="log", xlabel="epsilon",
-                                       ylabel=metric, title=f"{s}, n = 1e5, {runs} runs")
+                                       ylabel=f"{metric} (mean over runs)", title=f"{s}, n = 1e5")
             axes[0, col].legend()
         fig.tight_layout()
         fig.savefig(out / "linreg_sim.png", dpi=110)
