@@ -215,6 +215,7 @@ def run_chains(kernel, problem, init, num_samples, thinning, seed):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=num_samples,
                            num_chains=len(init), thinning=thinning,
                            chain_method="vectorized", progress_bar=False,
+                           jit_model_args=True,  # the data as an argument, not a constant
                            delta=0.1 / problem.n)
     mcmc.run(random.PRNGKey(seed), *problem.args, init_params={"theta": jnp.asarray(init)})
     return np.asarray(mcmc.get_samples(group_by_chain=True)["theta"], np.float64)
