@@ -40,11 +40,13 @@ import dataclasses
 import math
 import pathlib
 import time
+import zlib
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 import numpyro.distributions as dist
 from jax import random
 from results_csv import append, load
@@ -111,21 +113,36 @@ def banana_problem(n: int) -> Problem:
     return Problem("banana", models.banana_model, (X,), truth, exact, loglik_rows)
 
 
+def whitened_gaussian_model(Z, whitener, prior_sd=100.0):
+    """``models.gaussian_model`` on whitened rows z_i = W x_i, W = chol(cov)^-1.
+
+    Each row's log-likelihood is the same up to the constant log|W|, so LLRs,
+    gradients, clip counts and the posterior are the same. It is 13x faster
+    on CPU, where the MVN's triangular solve over 1e5 rows costs about 100 ms
+    per evaluation against 8 ms for the matmul.
+    """
+    theta = numpyro.sample("theta", dist.Normal(jnp.zeros(Z.shape[1]), prior_sd).to_event(1))
+    with numpyro.plate("data", Z.shape[0]):
+        numpyro.sample("z", dist.Normal(whitener @ theta, 1.0).to_event(1), obs=Z)
+
+
 def gaussian_problem(n: int) -> Problem:
     d = 10
     cov = models.gaussian_covariance(random.PRNGKey(1), d)
     truth = np.zeros(d)
     truth[1] = 3.0  # as the paper's code
     X = models.gaussian_data(random.PRNGKey(2), n, cov, truth)
-    law = dist.MultivariateNormal(jnp.zeros(d), covariance_matrix=jnp.asarray(cov))
+    whitener = np.linalg.inv(np.linalg.cholesky(cov))
+    Z = jnp.asarray(np.asarray(X, np.float64) @ whitener.T, X.dtype)
+    whitener = jnp.asarray(whitener, X.dtype)
 
     def loglik_rows(theta):
-        return law.log_prob(X - theta)
+        return dist.Normal(whitener @ theta, 1.0).to_event(1).log_prob(Z)
 
     def exact(key, num):
         return models.gaussian_posterior_sample(key, X, cov, num)
 
-    return Problem("gaussian", models.gaussian_model, (X, jnp.asarray(cov)), truth, exact,
+    return Problem("gaussian", whitened_gaussian_model, (Z, whitener), truth, exact,
                    loglik_rows)
 
 
@@ -256,7 +273,7 @@ def comparison(args, problem: Problem) -> None:
         thinning = max(1, length // 5000) if name in SG_KERNELS else 1
         t0 = time.perf_counter()
         draws = run_chains(kernel, problem, starts(problem, repeats), length, thinning,
-                           seed=hash((problem.name, name)) % 2**31)
+                           seed=zlib.crc32(f"{problem.name} {name}".encode()) % 2**31)
         secs = time.perf_counter() - t0
         rows = []
         for i, r in enumerate(repeats):
@@ -279,14 +296,16 @@ def comparison(args, problem: Problem) -> None:
 
 
 # ----------------------------------------------------------------- clipping
-def clip_settings(problem: Problem, quick: bool):
-    """(sampler, kernel factory, iterations per chain) of the clipping runs (paper's code)."""
+def clip_settings(problem: Problem, scale: int):
+    """(sampler, kernel factory, iterations per chain) of the clipping runs (paper's code).
+
+    ``scale`` divides the paper's run lengths (``--clip-scale``).
+    """
     tiny = 1e-9  # no noise: the experiment isolates the bias of LLR clipping
     if problem.name == "banana":
         rw, hmc = (0.3, 12000), (0.01, 100, 10.0, 1000)
     else:
         rw, hmc = (0.0007, 25000), (0.0005, 12, 100.0, 1000)
-    scale = 10 if quick else 1
     m = problem.model
     return [
         ("RWMH", rw[0], lambda c: ndp.DPPenalty(m, llr_clip=c, proposal_scale=rw[0],
@@ -335,20 +354,24 @@ def hmc_proposals(problem: Problem, states, key, step_size, num_steps):
 
 def clipping(args, problem: Problem) -> None:
     path = args.out / "dphmc_clipping.csv"
-    done = done_units(path, ("model", "sampler", "llr_clip"))
+    done = done_units(path, ("model", "sampler", "llr_clip", "repeat"))
     grid = CLIP_GRIDS[problem.name]
     if args.quick:
         grid = (grid[0], grid[-1])
-    repeats = range(args.clip_repeats)
-    for sampler, rw_scale, make, iters in clip_settings(problem, args.quick):
-        for clip in grid:
-            if (problem.name, sampler, str(clip)) in done:
+    for sampler, rw_scale, make, iters in clip_settings(problem, args.clip_scale):
+        if sampler not in args.samplers:
+            continue
+        for clip in grid[::args.clip_stride]:
+            repeats = [r for r in range(args.clip_repeats)
+                       if (problem.name, sampler, str(clip), str(r)) not in done]
+            if not repeats:
                 continue
             kernel = make(clip)
-            draws = run_chains(kernel, problem, starts(problem, repeats), iters, 1, seed=7)
+            draws = run_chains(kernel, problem, starts(problem, repeats), iters, 1,
+                               seed=7 + repeats[0])
             rows = []
-            for r in repeats:
-                run = draws[r * CHAINS:(r + 1) * CHAINS]
+            for i, r in enumerate(repeats):
+                run = draws[i * CHAINS:(i + 1) * CHAINS]
                 pooled = second_half_pooled(run)
                 sub = pooled[np.random.default_rng(r).integers(0, len(pooled), 400)]
                 key = random.PRNGKey(r)
@@ -395,21 +418,35 @@ def _draw_floor(ax, floors: list[dict], model: str) -> None:
 
 # ------------------------------------------------------------------ figures
 def summary(out: pathlib.Path) -> str:
-    """Markdown table: median (IQR) MMD per model, kernel and eps."""
+    """Markdown tables: median MMD and mean error per model, kernel and eps."""
     rows = load(out / "dphmc_runs.csv")
     lines = []
     for model in sorted({r["model"] for r in rows}):
         sel = [r for r in rows if r["model"] == model]
         eps = sorted({int(r["epsilon"]) for r in sel})
-        lines += [f"\n{model}: median MMD (repeats) by epsilon\n",
-                  "| kernel | " + " | ".join(f"eps {e}" for e in eps) + " |",
-                  "|---" * (len(eps) + 1) + "|"]
-        for k in sorted({r["kernel"] for r in sel}):
-            cells = []
-            for e in eps:
-                v = [float(r["mmd"]) for r in sel if r["kernel"] == k and int(r["epsilon"]) == e]
-                cells.append(f"{np.median(v):.3f} ({len(v)})" if v else "-")
-            lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        for metric, label in (("mmd", "MMD"), ("mean_error", "mean error")):
+            lines += [f"\n{model}: median {label} over repeats (their number) by epsilon\n",
+                      "| kernel | " + " | ".join(f"eps {e}" for e in eps) + " |",
+                      "|---" * (len(eps) + 1) + "|"]
+            for k in sorted({r["kernel"] for r in sel}):
+                cells = []
+                for e in eps:
+                    v = [float(r[metric]) for r in sel
+                         if r["kernel"] == k and int(r["epsilon"]) == e]
+                    cells.append(f"{np.median(v):.3g} ({len(v)})" if v else "-")
+                lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    clip_rows = load(out / "dphmc_clipping.csv")
+    for model in sorted({r["model"] for r in clip_rows}):
+        lines += [f"\n{model}, clipping without noise: median fraction clipped / MMD\n",
+                  "| sampler | LLR clip | iterations per chain | runs | fraction clipped | MMD |",
+                  "|---|---|---|---|---|---|"]
+        sel = [r for r in clip_rows if r["model"] == model]
+        for sampler in sorted({r["sampler"] for r in sel}):
+            for c in sorted({float(r["llr_clip"]) for r in sel if r["sampler"] == sampler}):
+                runs = [r for r in sel if r["sampler"] == sampler and float(r["llr_clip"]) == c]
+                lines.append(
+                    f"| {sampler} | {c:g} | {runs[0]['iterations_per_chain']} | {len(runs)} | "
+                    f"{_median(runs, 'fraction_clipped'):.3f} | {_median(runs, 'mmd'):.3g} |")
     return "\n".join(lines)
 
 
@@ -496,6 +533,12 @@ def main(argv=None) -> None:
     p.add_argument("--eps", nargs="+", type=int, default=list(EPSILONS))
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--clip-repeats", type=int, default=10)
+    p.add_argument("--clip-scale", type=int, default=1,
+                   help="divide the clipping runs' lengths (HMC 1000, RWMH 12000/25000) by this")
+    p.add_argument("--samplers", nargs="+", default=["RWMH", "HMC"], choices=["RWMH", "HMC"],
+                   help="the clipping part's samplers")
+    p.add_argument("--clip-stride", type=int, default=1,
+                   help="every k-th bound of the clip grid (a coarser grid)")
     p.add_argument("--sg-cap", type=int, default=200_000,
                    help="gradient steps per chain at most for the SG kernels")
     p.add_argument("--n", type=int, help="rows of data (default 100000)")
@@ -503,6 +546,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.quick:
         args.eps, args.repeats, args.clip_repeats, args.sg_cap = [4, 15], 1, 1, 2000
+        args.clip_scale = 10
         args.n = args.n or 5000
         args.kernels = args.kernels or ["DPHMC", "DPPenalty", "DPSGLD"]
     args.n = args.n or 100_000

@@ -51,3 +51,23 @@ def test_quick_mode_writes_resumable_csvs_and_figures(script, tmp_path):
     # resumable: finished runs are skipped, nothing is appended twice
     script.main(argv + comparison)
     assert len(rows(tmp_path / "dphmc_runs.csv")) == len(runs)
+
+
+def test_whitened_gaussian_has_the_library_models_llrs(script):
+    # the reproduction runs the Gaussian model on whitened rows for speed:
+    # per-row log-likelihood ratios (what the kernels clip and test) must agree
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import random
+    from numpyro.infer.util import log_likelihood
+
+    from numpyro_dp import models
+
+    problem = script.gaussian_problem(2000)
+    cov = models.gaussian_covariance(random.PRNGKey(1), 10)
+    X = models.gaussian_data(random.PRNGKey(2), 2000, cov, problem.truth)
+    thetas = {"theta": jnp.asarray(problem.truth + np.array([[0.0] * 10, [0.01] * 10]))}
+    ours = log_likelihood(problem.model, thetas, *problem.args, batch_ndims=1)["z"]
+    ref = log_likelihood(models.gaussian_model, thetas, X, jnp.asarray(cov), batch_ndims=1)["x"]
+    np.testing.assert_allclose(ours[1] - ours[0], ref[1] - ref[0], atol=1e-4)
+    np.testing.assert_allclose(problem.loglik_rows(thetas["theta"][1]), ours[1], rtol=1e-6)
