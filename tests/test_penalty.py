@@ -11,6 +11,7 @@ import pytest
 from conftest import logistic_model, make_logistic_data
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
+from test_hmc import BANANA_N, BANANA_ROW_VAR, max_row_grad_norm, negligible_noise_warnings
 
 import numpyro_dp as ndp
 from numpyro_dp.diagnostics import mmd
@@ -63,15 +64,25 @@ def assert_moments_match(chains, reference_chains, z=4.0):
 
 
 @pytest.mark.slow
+@negligible_noise_warnings
 def test_banana_negligible_noise_matches_exact_posterior():
-    X = banana_data(jax.random.PRNGKey(1), 100_000)
-    kernel = ndp.DPPenalty(banana_model, llr_clip=10.0, proposal_scale=0.05)
-    mcmc = run(kernel, X, num_warmup=500, num_samples=3000)
+    """The n = 1000 banana whose posterior is the reference n = 1e5 one (see test_hmc),
+    with a clip above every row's ratio and so a noise multiplier fixed near 0."""
+    X = banana_data(jax.random.PRNGKey(1), BANANA_N, row_var=BANANA_ROW_VAR)
+    llr_clip = 1000.0
+    kernel = ndp.DPPenalty(banana_model, llr_clip=llr_clip, proposal_scale=0.05,
+                           noise_multiplier=1e-8)
+    mcmc = run(kernel, X, row_var=BANANA_ROW_VAR, num_warmup=500, num_samples=3000,
+               epsilon=None)
     chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
 
     def exact(seed, size):
-        return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size)
+        return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size,
+                                       row_var=BANANA_ROW_VAR)
 
+    # Nothing is clipped: |r_i| <= max ||grad l_i|| ||theta' - theta||, far below the clip.
+    assert max_row_grad_norm(banana_model, (X,), {"row_var": BANANA_ROW_VAR},
+                             exact(99, 50)) < llr_clip / 10
     assert_mmd_within_exact_spread(chains, exact)
 
 
