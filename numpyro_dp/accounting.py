@@ -363,6 +363,31 @@ PLD_INTERVAL, PLD_RELATIVE_INTERVAL = 1e-4, 1e-5
 MAX_PLD_PASSES = 4
 
 
+#: How many composed PLDs are kept (each holds its loss distribution, up to a
+#: few MB on the finest grid).
+PLD_CACHE_SIZE = 4
+_pld_cache: dict[tuple, pld_privacy_accountant.PLDAccountant] = {}
+
+
+def _composed_pld(event: dpa.DpEvent, relation, interval: float, neighbourhood: str):
+    """dp-accounting's PLD accountant with ``event`` composed on the given grid.
+
+    The last few are kept, keyed by the event's repr (which spells out every
+    field), so one run's epsilon at several deltas, or checked and then
+    reported, is composed once.  ``get_epsilon`` does not change an accountant.
+    """
+    key = (repr(event), relation, interval)
+    acc = _pld_cache.pop(key, None)
+    if acc is None:
+        acc = pld_privacy_accountant.PLDAccountant(relation, interval)
+        _check_supported(acc, event, "pld", neighbourhood)
+        acc.compose(event)
+    _pld_cache[key] = acc  # the most recently used last
+    while len(_pld_cache) > PLD_CACHE_SIZE:
+        del _pld_cache[next(iter(_pld_cache))]
+    return acc
+
+
 def _pld_epsilon(event: dpa.DpEvent, relation, delta: float, neighbourhood: str) -> float:
     """Epsilon by dp-accounting's pessimistic PLD on a grid scaled to epsilon.
 
@@ -374,10 +399,7 @@ def _pld_epsilon(event: dpa.DpEvent, relation, delta: float, neighbourhood: str)
     bound (the pessimistic PLD rounds losses up), so this never understates.
     """
     def epsilon_on(interval: float) -> float:
-        acc = pld_privacy_accountant.PLDAccountant(relation, interval)
-        _check_supported(acc, event, "pld", neighbourhood)
-        acc.compose(event)
-        return float(acc.get_epsilon(delta))
+        return float(_composed_pld(event, relation, interval, neighbourhood).get_epsilon(delta))
 
     interval = COARSE_PLD_INTERVAL
     eps = epsilon_on(interval)

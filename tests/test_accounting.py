@@ -228,6 +228,35 @@ def test_non_gaussian_events_go_to_dp_accounting_unchanged():
     assert pld < acc.epsilon_spent(gaussians(1.0, 10), delta)
 
 
+def test_composed_pld_is_reused_across_deltas_and_only_for_the_same_event(monkeypatch):
+    # One run's epsilon at several deltas composes its PLD once per grid (the
+    # coarse one and dp-accounting's default), and each answer is a fresh one's.
+    def event(z):
+        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(z)), 10)
+
+    deltas = (1e-6, 1e-4, 1e-2)
+    fresh = [math.nextafter(pld_reference(event(1.0), delta), math.inf) for delta in deltas]
+    composed = []
+    original = pld_privacy_accountant.PLDAccountant.compose
+
+    def counting(self, e, count=1):
+        composed.append(e)
+        return original(self, e, count)
+
+    monkeypatch.setattr(acc, "_pld_cache", {})
+    monkeypatch.setattr(pld_privacy_accountant.PLDAccountant, "compose", counting)
+    assert [acc.epsilon_spent(event(1.0), delta, "add_remove") for delta in deltas] == fresh
+    assert len(composed) == 2
+    # An event that differs in the last digit of its noise is composed afresh.
+    nudged = math.nextafter(1.0, 2.0)
+    acc.epsilon_spent(event(nudged), 1e-6, "add_remove")
+    assert len(composed) == 4 and composed[-1] == event(nudged)
+    # Only the last few are kept.
+    for z in (1.5, 2.0, 2.5):
+        acc.epsilon_spent(event(z), 1e-6, "add_remove")
+    assert len(acc._pld_cache) == acc.PLD_CACHE_SIZE
+
+
 # ------------------------------------------------------------- 4. never understates
 MU_EXTREMES = [1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4]
 
