@@ -44,3 +44,31 @@ def depends_on_private(
             tainted.update(id(v) for v in eqn.outvars)
     flags = [id(v) in tainted for v in jaxpr.outvars]
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), flags)
+
+
+def captured_shapes(fn: Callable, *example_args: Any) -> list[tuple[int, ...]]:
+    """Shapes of the arrays that ``fn`` reads without receiving them as arguments.
+
+    Arrays a traced program closes over (a global, a closure, a Python list
+    turned into an array inside ``fn``) become constants of its jaxpr; nested
+    calls carry constants of their own, and large literals count too.  Only the
+    shapes are returned, never the values.
+    """
+    closed = jax.make_jaxpr(fn)(*example_args)
+    shapes: list[tuple[int, ...]] = [tuple(getattr(c, "shape", ())) for c in closed.consts]
+
+    def walk(jaxpr) -> None:
+        for eqn in jaxpr.eqns:
+            for v in eqn.invars:
+                if hasattr(v, "val") and hasattr(v.val, "shape"):
+                    shapes.append(tuple(v.val.shape))
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    if hasattr(sub, "consts") and hasattr(sub, "jaxpr"):  # ClosedJaxpr
+                        shapes.extend(tuple(getattr(c, "shape", ())) for c in sub.consts)
+                        walk(sub.jaxpr)
+                    elif hasattr(sub, "eqns"):  # Jaxpr
+                        walk(sub)
+
+    walk(closed.jaxpr)
+    return shapes

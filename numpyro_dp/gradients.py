@@ -7,8 +7,12 @@ row is clipped on its own*: clipping the summed gradient would not bound a
 row's influence.
 
 This module builds, once per model, a function
-``clipped_sum(theta, clip, model_args, model_kwargs) -> (d,)`` by one of two
-exact routes:
+``clipped_sum(theta, clip, model_args, model_kwargs) -> (hi, lo)`` by one of two
+exact routes.  The sum of the clipped rows is accumulated in double-word
+arithmetic (:func:`numpyro_dp.rounding.dw_sum`), so that rounding moves it by a
+proven, negligible bound instead of up to ``n u`` of its size; the pair
+``(hi, lo)`` goes to :func:`numpyro_dp.kernels.base.release_clipped_sum`, which
+charges that bound.
 
 ``"jacobian"`` (general)
     The rows of the per-row Jacobian ``J`` (rows x d), i.e. every row's
@@ -88,6 +92,7 @@ from jax.extend.core import Literal
 from jax.flatten_util import ravel_pytree
 
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.rounding import dw_sum
 
 ROUTES = ("auto", "jacobian", "linear_predictor")
 
@@ -141,17 +146,18 @@ def _jacobian_route(pm: PrivateModel) -> Callable:
             *block_rows, block_mask = block
             jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
             weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), block_mask)
-            return weights.astype(jac.dtype) @ jnp.where(jnp.isfinite(jac), jac, 0.0)
+            jac = jnp.where(jnp.isfinite(jac), jac, 0.0)
+            return dw_sum(weights.astype(jac.dtype)[:, None] * jac)
 
         arrays = rows + [mask]
         full = n - n % ROW_BLOCK
-        total = jnp.zeros_like(theta)
+        parts = []
         if full:
             blocks = [x[:full].reshape((-1, ROW_BLOCK) + x.shape[1:]) for x in arrays]
-            total = total + lax.map(block_sum, blocks).sum(0)
+            parts += list(lax.map(block_sum, blocks))
         if full < n:
-            total = total + block_sum([x[full:] for x in arrays])
-        return total
+            parts += [x[None] for x in block_sum([x[full:] for x in arrays])]
+        return dw_sum(jnp.concatenate(parts))
 
     return clipped_sum
 
@@ -533,14 +539,14 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
         a = A[:, 0, :]
         weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
-        return coef @ jnp.where(jnp.isfinite(a), a, 0.0)
+        return dw_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0))
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
     rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
-    return weights.astype(dtype) @ rows_grad
+    return dw_sum(weights.astype(dtype)[:, None] * rows_grad)
 
 
 def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
@@ -570,6 +576,9 @@ def clipped_grad_sum_fn(
     model_kwargs: dict | None = None,
 ) -> tuple[Callable, str]:
     """The function ``(theta, clip, model_args, model_kwargs) -> sum_i clip_c(grad l_i)``.
+
+    The sum is returned as a double-word pair ``(hi, lo)`` (see the module
+    docstring); ``hi + lo`` is the sum in the working precision.
 
     The returned function also takes ``idx`` (row indices: sum over those rows
     only, at a cost independent of ``n``) and ``mask`` (per-index weights in

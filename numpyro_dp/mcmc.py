@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 
 import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import pmap
 from numpyro.infer import MCMC
+from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import (
     LedgerEntry,
@@ -15,9 +21,111 @@ from numpyro_dp.accounting import (
     PrivacySpent,
     calibrate_noise_multiplier,
     check_budget,
+    epsilon_spent,
     max_iterations,
 )
-from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.kernels.base import DPKernel, RunInputs
+from numpyro_dp.secret import run_secret
+
+#: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
+#: need more noise than this is refused (its draws would be noise).
+MAX_NOISE_MULTIPLIER = 1e4
+#: PLD grid of the quick budget check (an upper bound on the charged epsilon).
+PLANNING_PLD_INTERVAL = 1e-3
+#: A call whose quick epsilon exceeds the budget by more than this is refused
+#: without composing the final-precision PLD.
+QUICK_REFUSAL_MARGIN = 0.01
+
+
+class PrivateDataError(RuntimeError):
+    """Something asked a private run for its data (e.g. ``arviz.from_numpyro``)."""
+
+
+_NO_DATA = (
+    "A PrivateMCMC does not hand out the data it ran on. arviz.from_numpyro (and "
+    "anything else that re-runs the model on the runner's data, such as "
+    "numpyro.infer.log_likelihood or Predictive fed mcmc._args) would publish the "
+    "private rows as observed_data and their exact per-row log-likelihoods. Use "
+    "ndp.to_inference_data(mcmc): the posterior, private-safe sample stats and the "
+    "privacy ledger."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a planned :meth:`PrivateMCMC.run` would cost, before anything runs.
+
+    Attributes
+    ----------
+    kernel : str
+    num_chains, iterations : int
+        Chains and iterations per chain of the planned call (warm-up included).
+    noise_multiplier : float or None
+        The kernel's per-iteration noise multiplier, calibrated to the budget
+        when the kernel has none (``None`` for kernels whose dynamics fix the
+        noise).
+    epsilon : float
+        Epsilon of the ledger after the call (what it holds plus the call).
+    budget : float or None
+        The budget that applies.
+    fits : bool
+        Whether the call fits the budget (and the noise stays below
+        ``max_noise_multiplier``).
+    max_iterations : int or None
+        Iterations per chain that the budget affords at this noise level (at
+        least this many).
+    advice : str
+        What to change when it does not fit.
+    noise_multipliers : tuple or None
+        DPHMC and DPMALA: ``(z_grad, z_llr)``.
+    """
+
+    kernel: str
+    num_chains: int
+    iterations: int
+    noise_multiplier: float | None
+    epsilon: float
+    budget: float | None
+    fits: bool
+    max_iterations: int | None
+    advice: str
+    noise_multipliers: tuple | None = None
+
+    def __str__(self) -> str:
+        z = "fixed by the dynamics" if self.noise_multiplier is None else (
+            f"{self.noise_multiplier:.4g}")
+        budget = "none" if self.budget is None else f"{self.budget:.4g}"
+        lines = [
+            f"{self.kernel}: {self.num_chains} chain(s) x {self.iterations} iterations, "
+            f"noise multiplier {z}",
+            f"  epsilon after the run {self.epsilon:.4g} (budget {budget}): "
+            + ("fits" if self.fits else "does NOT fit"),
+        ]
+        if self.max_iterations is not None:
+            lines.append(f"  the budget affords {self.max_iterations} iterations per chain")
+        if not self.fits:
+            lines.append(f"  {self.advice}")
+        return "\n".join(lines)
+
+
+def _parallel_with_arguments(map_fn: functools.partial) -> Callable:
+    """NumPyro's ``chain_method="parallel"`` with the model arguments as ``pmap`` inputs.
+
+    NumPyro pmaps a ``functools.partial`` that closes over the arguments, which
+    would make the private rows and the run secret constants of the compiled
+    program (and of JAX's persistent compilation cache).  Here they are
+    broadcast inputs instead.
+    """
+    keywords = dict(map_fn.keywords)
+    args, kwargs = keywords.pop("args"), keywords.pop("kwargs")
+
+    def chains(map_args):
+        def one(map_arg, a, kw):
+            return map_fn.func(map_arg, args=a, kwargs=kw, **keywords)
+
+        return pmap(one, in_axes=(0, None, None))(map_args, args, kwargs)
+
+    return chains
 
 
 class PrivateMCMC(MCMC):
@@ -33,8 +141,12 @@ class PrivateMCMC(MCMC):
     sampler : DPKernel
         A kernel of this library (``DPPenalty``, ...).
     num_warmup, num_samples, num_chains, thinning, chain_method, progress_bar,
-    jit_model_args, postprocess_fn :
+    postprocess_fn :
         As in :class:`numpyro.infer.MCMC`.  Thinning does not reduce the cost.
+    jit_model_args : bool
+        Accepted for NumPyro compatibility and ignored: the data rows are
+        always arguments of the compiled sampler, never constants baked into
+        it (JAX's persistent compilation cache would write those to disk).
     epsilon : float, optional
         Privacy budget.  If the kernel has no ``noise_multiplier``, the noise is
         calibrated so that the whole planned run (``num_chains x (num_warmup +
@@ -42,21 +154,37 @@ class PrivateMCMC(MCMC):
         ``epsilon`` is a cap: a call that would exceed it raises
         :class:`PrivacyBudgetError` before its first iteration.
     delta : float
-        The delta of the (epsilon, delta) guarantee; required.
+        The delta of the (epsilon, delta) guarantee; required, and below
+        ``1 / n``.
     accountant : {"pld", "rdp"}
         Privacy accountant (``"pld"`` is tight).
     ledger : PrivacyLedger, optional
-        An existing ledger to charge, e.g. one that already holds a one-shot
+        An existing ledger to charge, e.g. a persistent one
+        (``PrivacyLedger.open(path)``) or one that already holds a one-shot
         release of :mod:`numpyro_dp.mechanisms` on the same data.  ``epsilon``
-        is then the budget of everything in it together: calibration and the
-        budget check count what it holds.  Its delta, neighbourhood and
-        accountant apply (``delta`` may be omitted; a different one is refused).
+        is then the budget of everything in it together (the ledger's own
+        budget, if it has one, applies too): calibration and the budget check
+        count what it holds.  Its delta, neighbourhood and accountant apply
+        (``delta`` may be omitted; a different one is refused).
+    reproducible_noise : bool
+        For tests and debugging only: derive the noise from ``rng_key`` so that
+        a run can be repeated exactly.  Anyone who knows the key can then remove
+        the noise: the run is *not* private.  Warns on every run and is recorded
+        in the ledger and by :func:`~numpyro_dp.to_inference_data`.  By default
+        the noise comes from a secret drawn from the operating system at each
+        run (see :mod:`numpyro_dp.secret`).
+    max_noise_multiplier : float
+        A calibrated run whose budget left could pay for it only with a larger
+        per-iteration noise multiplier is refused (its draws would be noise),
+        with what is left and what the run would need.
 
     Notes
     -----
     Every call of :meth:`run` or :meth:`warmup` is charged, and the ledger
     accumulates: a second run (or a continuation from ``post_warmup_state``)
-    is paid from what is left of the budget.
+    is paid from what is left of the budget.  The runner keeps no reference to
+    the data after a call: ``arviz.from_numpyro(mcmc)`` raises
+    :class:`PrivateDataError` (use :func:`~numpyro_dp.to_inference_data`).
     """
 
     def __init__(
@@ -75,6 +203,8 @@ class PrivateMCMC(MCMC):
         delta: float | None = None,
         accountant: str = "pld",
         ledger: PrivacyLedger | None = None,
+        reproducible_noise: bool = False,
+        max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
     ):
         if not isinstance(sampler, DPKernel):
             raise TypeError(
@@ -96,6 +226,14 @@ class PrivateMCMC(MCMC):
                     "build the kernel with the ledger's neighbourhood."
                 )
             delta, accountant = ledger.delta, ledger.accountant
+            budget = getattr(ledger, "budget", None)
+            if epsilon is None:
+                epsilon = budget
+            elif budget is not None and epsilon > budget:
+                raise ValueError(
+                    f"epsilon={epsilon} exceeds the ledger's budget {budget}; omit "
+                    "epsilon= to use the ledger's, or state a smaller one."
+                )
         if delta is None:
             raise ValueError(
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
@@ -123,6 +261,9 @@ class PrivateMCMC(MCMC):
             )
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError("num_chains must be a positive integer")
+        if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
+            raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
+        self._data = None  # (args, kwargs) of the call in progress, never kept after it
         super().__init__(
             sampler,
             num_warmup=num_warmup,
@@ -132,17 +273,44 @@ class PrivateMCMC(MCMC):
             postprocess_fn=postprocess_fn,
             chain_method=chain_method,
             progress_bar=progress_bar,
-            jit_model_args=jit_model_args,
+            jit_model_args=True,  # the rows are arguments of the compiled program
         )
         self.epsilon = epsilon
         self.delta = delta
+        self.reproducible_noise = bool(reproducible_noise)
+        self.max_noise_multiplier = float(max_noise_multiplier)
         self._calibrate = calibrate
         self._ledger = (
             PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
         )
-        sampler._charged_by = self
+
+    # ---------------------------------------------------- no data after a run
+    @property
+    def _args(self):
+        if self._data is None:
+            raise PrivateDataError(_NO_DATA)
+        return self._data[0]
+
+    @_args.setter
+    def _args(self, value):
+        self._data = (value, {} if self._data is None else self._data[1])
+
+    @property
+    def _kwargs(self):
+        if self._data is None:
+            raise PrivateDataError(_NO_DATA)
+        return self._data[1]
+
+    @_kwargs.setter
+    def _kwargs(self, value):
+        self._data = ((), value) if self._data is None else (self._data[0], value)
 
     # ----------------------------------------------------------- accounting
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The ledger this runner charges."""
+        return self._ledger
+
     def _iterations_this_call(self) -> tuple[int, str]:
         """Iterations per chain that the coming ``MCMC.run`` will perform."""
         if self._warmup_state is not None:
@@ -150,6 +318,16 @@ class PrivateMCMC(MCMC):
         params = self._collection_params
         phase = params["phase"] or ("warmup+sample" if self.num_warmup else "sample")
         return params["upper"], phase
+
+    def _planned_iterations(self) -> int:
+        """Iterations per chain of the whole planned run, which calibration pays for.
+
+        A ``warmup()`` call is calibrated for warm-up and sampling together, so
+        that the ``run()`` that follows fits what is left.
+        """
+        if self._warmup_state is not None:
+            return self.num_samples
+        return self.num_warmup + self.num_samples
 
     def _start_iteration(self) -> int:
         """Iterations each chain has done before this call (0 for a fresh start).
@@ -160,48 +338,197 @@ class PrivateMCMC(MCMC):
         i = getattr(self._warmup_state, "i", None)
         return 0 if i is None else int(np.min(np.asarray(i)))
 
-    def _planned_event(self, noise_multiplier: float):
-        per_chain = self.num_warmup + self.num_samples
-        plan = dpa.SelfComposedDpEvent(
-            self.sampler.run_event(per_chain, 0, noise_multiplier), self.num_chains
+    def _calibrated_noise(self, iterations: int, start: int, run_event=None) -> float:
+        """The noise multiplier that makes this call spend what is left of the budget.
+
+        ``run_event(k, z)`` is one chain's event (default: the kernel's).
+        """
+        kernel = self.sampler
+        run_event = run_event or (lambda k, z: kernel.run_event(k, start, z))
+        ledger = self._ledger
+        spent = ledger.epsilon() if ledger.entries else 0.0
+        cap = self.max_noise_multiplier
+
+        def total(z):
+            event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
+            return dpa.ComposedDpEvent([ledger.event(), event])
+
+        needed = epsilon_spent(total(cap), ledger.delta, ledger.neighbourhood, ledger.accountant)
+        if needed > self.epsilon:
+            raise PrivacyBudgetError(
+                f"What is left of the budget cannot pay for this run at a useful noise "
+                f"level: epsilon spent {spent:.4g} of {self.epsilon:.4g}, and even at "
+                f"noise multiplier {cap:.3g} (max_noise_multiplier) the run "
+                f"({self.num_chains} chain(s) x {iterations} iterations) would bring the "
+                f"total to {needed:.4g}. Run fewer iterations or chains, or state a "
+                "larger budget (a larger max_noise_multiplier gives draws that are "
+                "mostly noise)."
+            )
+        return calibrate_noise_multiplier(
+            total, self.epsilon, self.delta, ledger.neighbourhood, ledger.accountant, upper=cap
         )
-        # With what a shared ledger holds already (e.g. a one-shot release).
-        return dpa.ComposedDpEvent([self._ledger.event(), plan])
+
+    def _fits(self, entry: LedgerEntry) -> tuple[bool, float]:
+        """Whether ``entry`` fits the budget, and the epsilon after it (upper bound).
+
+        A fast PLD bound decides clear cases; the final figure is composed only
+        when the answer is close (within 1% of the budget).
+        """
+        ledger = self._ledger
+        quick = epsilon_spent(ledger.event([entry]), ledger.delta, ledger.neighbourhood,
+                              ledger.accountant, PLANNING_PLD_INTERVAL)
+        if quick <= self.epsilon:
+            return True, quick
+        if quick > self.epsilon * (1.0 + QUICK_REFUSAL_MARGIN):
+            return False, quick
+        after = ledger.epsilon([entry])
+        return after <= self.epsilon, after
+
+    def _over_budget(self, iterations: int, start: int, z, after: float) -> PrivacyBudgetError:
+        kernel = self.sampler
+        spent = self._ledger.epsilon() if self._ledger.entries else 0.0
+        affordable = max_iterations(
+            lambda k: kernel.run_event(k, start, z), self.epsilon, self.delta,
+            self.num_chains, self._ledger.neighbourhood, self._ledger.accountant,
+            spent=self._ledger.event(),
+        )
+        return PrivacyBudgetError(
+            f"This call would run {self.num_chains} chain(s) x {iterations} "
+            f"iterations and bring the total to epsilon={after:.4g} > budget "
+            f"{self.epsilon:.4g} (delta={self.delta:.3g}; spent so far: "
+            f"{spent:.4g}). The budget affords {affordable} more iterations per "
+            f"chain at this noise level: {kernel.budget_advice()}."
+        )
+
+    def _entry(self, iterations: int, phase: str, start: int, z) -> LedgerEntry:
+        kernel = self.sampler
+        return LedgerEntry(
+            type(kernel).__name__, phase, self.num_chains, iterations,
+            kernel.per_iteration_event(z), kernel.run_event(iterations, start, z),
+        )
 
     def _charge(self, iterations: int, phase: str) -> None:
         kernel = self.sampler
-        if self._calibrate and kernel.noise_multiplier is None:
-            kernel.noise_multiplier = calibrate_noise_multiplier(
-                self._planned_event, self.epsilon, self.delta,
-                self._ledger.neighbourhood, self._ledger.accountant,
-            )
         start = self._start_iteration()
-        entry = LedgerEntry(
-            type(kernel).__name__, phase, self.num_chains, iterations,
-            kernel.per_iteration_event(), kernel.run_event(iterations, start),
-        )
+        calibrated = None
+        if self._calibrate and kernel.noise_multiplier is None:
+            calibrated = self._calibrated_noise(self._planned_iterations(), start)
+        z = kernel.noise_multiplier if calibrated is None else calibrated
+        entry = self._entry(iterations, phase, start, z)
         if self.epsilon is not None:
-            after = self._ledger.epsilon([entry])
-            if after > self.epsilon:
-                spent = self._ledger.epsilon() if self._ledger.entries else 0.0
-                affordable = max_iterations(
-                    lambda k: kernel.run_event(k, start), self.epsilon, self.delta, self.num_chains,
-                    self._ledger.neighbourhood, self._ledger.accountant,
-                    spent=self._ledger.event(),
-                )
-                raise PrivacyBudgetError(
-                    f"This call would run {self.num_chains} chain(s) x {iterations} "
-                    f"iterations and bring the total to epsilon={after:.4g} > budget "
-                    f"{self.epsilon:.4g} (delta={self.delta:.3g}; spent so far: "
-                    f"{spent:.4g}). The budget affords {affordable} more iterations per "
-                    "chain at this noise level: run fewer iterations or chains, raise "
-                    "noise_multiplier, or state a larger budget."
-                )
+            fits, after = self._fits(entry)
+            if not fits:
+                raise self._over_budget(iterations, start, z, after)
         self._ledger.record(entry)
+        # Bound only once something is charged: a refused run leaves the kernel free.
+        kernel._charged_by = self
+        if calibrated is not None:
+            kernel.noise_multiplier = calibrated
+
+    def plan(self, *model_args, num_rows: int | None = None, **model_kwargs) -> RunPlan:
+        """What :meth:`run` would cost now, computed from public facts only.
+
+        Runs nothing and charges nothing.  Give the model's arguments (the model
+        and data are validated as :meth:`run` would, but no value computed from
+        the rows is used), or only ``num_rows`` (``n``) for kernels whose cost
+        depends on it.  Calibrates the noise when the kernel has none, and says
+        how many iterations per chain the budget affords (a lower bound, see
+        :func:`~numpyro_dp.max_iterations`).
+        """
+        kernel = self.sampler
+        if model_args or model_kwargs:
+            num_rows = kernel.prepare(model_args, model_kwargs).num_rows
+        if num_rows is not None:
+            self._check_delta(num_rows)
+        iterations, _ = self._iterations_this_call()
+        start = self._start_iteration()
+        z, advice = kernel.noise_multiplier, kernel.budget_advice()
+        fits, after, affordable = True, None, None
+        rows = {"num_rows": num_rows} if num_rows is not None else {}
+
+        def run_event(k, z):
+            return kernel.run_event(k, start, z, **rows)
+
+        if self._calibrate and z is None:
+            try:
+                z = self._calibrated_noise(self._planned_iterations(), start, run_event)
+            except PrivacyBudgetError as err:
+                z, fits, advice = self.max_noise_multiplier, False, str(err)
+        ledger = self._ledger
+        event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
+        after = epsilon_spent(dpa.ComposedDpEvent([ledger.event(), event]), ledger.delta,
+                              ledger.neighbourhood, ledger.accountant)
+        if self.epsilon is not None:
+            fits = fits and after <= self.epsilon
+            affordable = max_iterations(
+                lambda k: run_event(k, z), self.epsilon, self.delta, self.num_chains,
+                ledger.neighbourhood, ledger.accountant, spent=ledger.event(),
+            )
+        zs = kernel.noise_multipliers(z) if hasattr(kernel, "noise_multipliers") and z else None
+        return RunPlan(
+            type(kernel).__name__, self.num_chains, iterations,
+            None if not kernel.calibrated_noise else z, after, self.epsilon, fits,
+            affordable, advice if fits is False else "", zs,
+        )
 
     def privacy_spent(self) -> PrivacySpent:
-        """What all charged calls of this runner have spent together."""
+        """What all charged calls of this runner's ledger have spent together."""
         return self._ledger.spent()
+
+    # ------------------------------------------------------------ checks
+    def _check_keys(self, rng_key) -> None:
+        """One key, or exactly ``num_chains`` keys: the number of chains charged."""
+        if is_prng_key(rng_key):
+            return
+        shape = jnp.shape(rng_key)
+        typed = jnp.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key)
+        batch = shape[:-1] if not typed else shape
+        if self.num_chains > 1 and batch == (self.num_chains,):
+            return
+        raise ValueError(
+            f"rng_key must be one PRNG key or a batch of exactly num_chains="
+            f"{self.num_chains} keys (one per chain); got a batch of shape {batch}. "
+            "Each chain is charged to the privacy budget, so the number of chains run "
+            "must be the number planned: pass one key, or set num_chains."
+        )
+
+    def _check_init_params(self, init_params, param_shapes: dict) -> None:
+        if init_params is None:
+            return
+        if not isinstance(init_params, dict) or set(init_params) != set(param_shapes):
+            raise ValueError(
+                f"init_params must be a dict of unconstrained values for the latent "
+                f"sites {sorted(param_shapes)}."
+            )
+        lead = (self.num_chains,) if self.num_chains > 1 else ()
+        for name, shape in param_shapes.items():
+            if tuple(jnp.shape(init_params[name])) != lead + shape:
+                raise ValueError(
+                    f"init_params[{name!r}] has shape {tuple(jnp.shape(init_params[name]))}; "
+                    f"with num_chains={self.num_chains} it must be {lead + shape} "
+                    "(one value per chain: each chain is charged)."
+                )
+
+    def _check_post_warmup_state(self) -> None:
+        state = self._warmup_state
+        if state is None:
+            return
+        lead = (self.num_chains,) if self.num_chains > 1 else ()
+        if tuple(jnp.shape(getattr(state, "i", ()))) != lead:
+            raise ValueError(
+                f"post_warmup_state holds {jnp.shape(getattr(state, 'i', ()))[:1] or 1} "
+                f"chain(s) but num_chains={self.num_chains}: continue the chains the "
+                "state holds (each chain run is charged)."
+            )
+
+    def _check_delta(self, num_rows: int) -> None:
+        if self.delta >= 1.0 / num_rows:
+            raise ValueError(
+                f"delta={self.delta:.3g} is not below 1/n = {1.0 / num_rows:.3g}: a "
+                "mechanism that publishes one randomly chosen row exactly is "
+                f"(0, 1/n)-DP, so such a delta protects nobody. Choose delta well "
+                f"below 1/n, e.g. {0.1 / num_rows:.2g}."
+            )
 
     # ------------------------------------------------------------- running
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs):
@@ -212,7 +539,9 @@ class PrivateMCMC(MCMC):
         PrivacyBudgetError
             Before any iteration, if the call would exceed the budget.
         ValueError
-            If an ``extra_fields`` entry is not safe to publish.
+            If an ``extra_fields`` entry is not safe to publish, or the keys,
+            ``init_params`` or ``post_warmup_state`` hold another number of
+            chains than ``num_chains`` (everything is checked before any charge).
         """
         kernel = self.sampler
         for field in extra_fields:
@@ -222,11 +551,25 @@ class PrivateMCMC(MCMC):
                     f"extra field {field!r} is not a private-safe field of "
                     f"{type(kernel).__name__}; allowed: {kernel.private_safe_fields}."
                 )
-        kernel.prepare(args, kwargs)  # validates model and data before any charge
+        self._check_keys(rng_key)
+        self._check_post_warmup_state()
+        pm = kernel.prepare(args, kwargs)  # validates model and data before any charge
+        self._check_delta(pm.num_rows)
+        self._check_init_params(init_params, pm.param_shapes)
         iterations, phase = self._iterations_this_call()
         if iterations > 0:
             self._charge(iterations, phase)
-        super().run(rng_key, *args, extra_fields=extra_fields, init_params=init_params, **kwargs)
+        secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
+        inputs = RunInputs(pm.private_inputs(args, kwargs), jnp.asarray(secret))
+        chain_method = self.chain_method
+        if chain_method == "parallel" and self.num_chains > 1:
+            self.chain_method = _parallel_with_arguments
+        try:
+            with kernel.armed(self):
+                super().run(rng_key, inputs, extra_fields=extra_fields, init_params=init_params)
+        finally:
+            self.chain_method = chain_method
+            self._data = None
 
     def privacy_budget_left(self) -> float | None:
         """Epsilon left of the budget (None when no budget was stated)."""

@@ -18,7 +18,21 @@ The data plate's size ``n`` is public.  Every array argument of the model
 (positional or keyword) whose leading dimension is ``n`` holds rows of the
 private data set; covariates and observations are treated alike.  Other
 arguments (scalars, hyperparameter arrays of another length) are public
-configuration.  Rows must lie along the leading axis of those arrays.
+configuration.  Rows must lie along the leading axis of those arrays.  Rows
+that reach the model any other way are refused, because they would be treated
+as public: a Python list or tuple of ``n`` items among the arguments, and an
+array with ``n`` rows that the model reads from a global or a closure (found
+as a constant of the traced program).
+
+The rows are passed to the compiled sampler as arguments
+(:meth:`PrivateModel.private_inputs` and :meth:`PrivateModel.rebuild`), never
+baked in as constants, which JAX's persistent compilation cache would write to
+disk; the public arguments stay Python values.
+
+Error messages never quote a value computed from the rows: an exception raised
+by the model while it runs on the data is reported by its type only (set the
+environment variable ``NUMPYRO_DP_NONPRIVATE_ERRORS=1`` to see the original
+message while debugging on data that may be shown).
 
 Bad models are rejected with an error that names the problem and the fix,
 before any private value is computed: no data plate, several candidate plates,
@@ -30,6 +44,7 @@ program, see :mod:`numpyro_dp.dataflow`).
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -43,7 +58,7 @@ from numpyro.distributions import biject_to
 from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_dp.dataflow import depends_on_private
+from numpyro_dp.dataflow import captured_shapes, depends_on_private
 
 
 class ModelSpecificationError(ValueError):
@@ -83,6 +98,58 @@ def _nonfinite_message(what: str) -> str:
         "impute those rows before inference (imputation must not be "
         "fitted on the private data, or it must be privatised itself)."
     )
+
+
+#: Environment variable that shows the original message of an exception raised
+#: by the model on the private data (non-private debugging only).
+NONPRIVATE_ERRORS = "NUMPYRO_DP_NONPRIVATE_ERRORS"
+
+
+def _model_error(
+    err: Exception, what: str, rerun: Callable[[], Any] | None = None
+) -> Exception:
+    """``err`` (raised by the model on private data), reported without private values.
+
+    If ``rerun`` (the same call on all-zero stand-ins for the data arrays) fails
+    the same way, the failure does not depend on the data's values and that
+    run's exception, which cannot quote them, is returned.  Otherwise only the
+    type is reported, unless :data:`NONPRIVATE_ERRORS` is set, which warns and
+    keeps the original message.
+    """
+    if os.environ.get(NONPRIVATE_ERRORS):
+        warnings.warn(
+            f"{NONPRIVATE_ERRORS} is set: the message below may quote private data values.",
+            stacklevel=3,
+        )
+        return ModelSpecificationError(f"{what}: {type(err).__name__}: {err}")
+    if rerun is not None:
+        try:
+            rerun()
+        except type(err) as public:
+            return public
+        except Exception:  # noqa: BLE001 - fails differently: the data matter
+            pass
+    return ModelSpecificationError(
+        f"{what} ({type(err).__name__}; its message is withheld because it may quote "
+        "private data values). Run the model on synthetic data of the same shapes to "
+        f"see it, or set {NONPRIVATE_ERRORS}=1 where the output stays private."
+    )
+
+
+def _zeros_like_arrays(tree: Any) -> Any:
+    """``tree`` with every array replaced by zeros of its shape and dtype."""
+    return jax.tree_util.tree_map(lambda x: np.zeros_like(x) if _is_array(x) else x, tree)
+
+
+def _sequences_of_length(tree: Any, length: int) -> bool:
+    """Whether ``tree`` holds a Python list or tuple of ``length`` items (not arrays)."""
+    if isinstance(tree, (list, tuple)):
+        if len(tree) == length and not hasattr(tree, "_fields"):
+            return True
+        return any(_sequences_of_length(x, length) for x in tree)
+    if isinstance(tree, dict):
+        return any(_sequences_of_length(x, length) for x in tree.values())
+    return False
 
 
 def _in_plate(site: dict, plate: str) -> bool:
@@ -133,7 +200,7 @@ class PrivateModel:
             trace = handlers.trace(handlers.seed(model, 0)).get_trace(
                 *model_args, **model_kwargs
             )
-        except Exception:
+        except Exception as err:
             # NumPyro's argument validation trips over NaN/inf data (e.g. a NaN
             # covariate makes an invalid `loc`) before the checks below can run:
             # report the bad argument instead, without saying where or how many.
@@ -142,7 +209,11 @@ class PrivateModel:
                 if _is_array(x) and not _all_finite(x):
                     what = f"model argument #{i}"
                     raise ModelSpecificationError(_nonfinite_message(what)) from None
-            raise
+            def rerun():
+                zeros_args, zeros_kwargs = _zeros_like_arrays((model_args, model_kwargs))
+                handlers.trace(handlers.seed(model, 0)).get_trace(*zeros_args, **zeros_kwargs)
+
+            raise _model_error(err, "The model fails when run on its data", rerun) from None
         self.data_plate, (self._plate_dim, self.num_rows) = self._find_data_plate(
             trace, data_plate
         )
@@ -153,6 +224,11 @@ class PrivateModel:
             if s["type"] == "sample" and not s["is_observed"]
         )
         self._row_leaf_index = self._find_rows(model_args, model_kwargs)
+        leaves, self._treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        # The public arguments, kept as given; the rows are never stored here.
+        self._public_leaves = [
+            None if i in self._row_leaf_index else x for i, x in enumerate(leaves)
+        ]
         self._check_finite(trace, model_args, model_kwargs)
         example = {n: trace[n]["value"] for n in self.latent_sites}
         example_u = {
@@ -160,6 +236,8 @@ class PrivateModel:
         }
         self._unravel = ravel_pytree(example_u)[1]
         self.num_params = int(ravel_pytree(example_u)[0].size)
+        #: Shape of each latent site in unconstrained space (public structure).
+        self.param_shapes = {n: tuple(jnp.shape(v)) for n, v in example_u.items()}
         self._deterministic = self._check_data_free(example_u, model_args, model_kwargs)
         self._check_single_row(model_args, model_kwargs)
 
@@ -224,9 +302,9 @@ class PrivateModel:
                 size, subsample_size = site["args"]
                 if subsample_size is not None and subsample_size != size:
                     raise ModelSpecificationError(
-                        f"Plate {chosen!r} subsamples ({subsample_size} of {size} "
-                        "rows). The DP kernels choose rows themselves and their "
-                        "accounting assumes the full plate: remove `subsample_size`."
+                        f"Plate {chosen!r} subsamples its rows. The DP kernels choose "
+                        "rows themselves and their accounting assumes the full plate: "
+                        "remove `subsample_size`."
                     )
         return chosen, plates[chosen]
 
@@ -251,6 +329,12 @@ class PrivateModel:
                 )
 
     def _find_rows(self, model_args: tuple, model_kwargs: dict) -> tuple[int, ...]:
+        if self.num_rows > 1 and _sequences_of_length((model_args, model_kwargs), self.num_rows):
+            raise ModelSpecificationError(
+                "A model argument is a Python list or tuple with one item per row. "
+                "Rows are recognised as private only in arrays (leading axis = rows); "
+                "pass it as an array, e.g. `jnp.asarray(y)`."
+            )
         leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
         rows = tuple(
             i
@@ -258,12 +342,15 @@ class PrivateModel:
             if _is_array(x) and np.shape(x)[0] == self.num_rows
         )
         if not rows:
+            # The plate's size may have been computed from the data (e.g. a count
+            # of rows with y > 0): do not quote it.
             sizes = sorted({np.shape(x)[0] for x in leaves if _is_array(x)})
             raise ModelSpecificationError(
-                f"The data plate {self.data_plate!r} has size {self.num_rows}, but "
-                f"no model argument has {self.num_rows} rows (leading sizes found: "
-                f"{sizes or 'none'}). Make the plate size the number of rows, e.g. "
-                "`numpyro.plate('data', X.shape[0])`, with rows on the leading axis."
+                f"The size of the data plate {self.data_plate!r} is not the number of "
+                f"rows of any model argument (their leading sizes: {sizes or 'none'}). "
+                "Make the plate size the number of rows, e.g. "
+                "`numpyro.plate('data', X.shape[0])`, with rows on the leading axis, "
+                "and never compute it from the data's values."
             )
         return rows
 
@@ -289,21 +376,23 @@ class PrivateModel:
             trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
             size = self._plate_size(trace)
         except Exception as err:  # the message may quote data values: name the type only
-            raise ModelSpecificationError(
-                f"The model fails ({type(err).__name__}) when given a single row of its "
-                "data. numpyro-dp evaluates every row's "
-                "log-likelihood on that row alone, so that no row's term can read "
-                "another row: take every size from the data (e.g. "
+            raise _model_error(
+                err,
+                "The model fails when given a single row of its data. numpyro-dp "
+                "evaluates every row's log-likelihood on that row alone, so that no "
+                "row's term can read another row: take every size from the data (e.g. "
                 f"`numpyro.plate({self.data_plate!r}, X.shape[0])`) and do not compute "
                 "statistics across rows (such as standardising X) inside the model; "
-                "do that with public constants before the call."
+                "do that with public constants before the call",
             ) from None
         if size != 1:
+            # The size may be computed from that row's values: do not quote it.
             raise ModelSpecificationError(
-                f"The data plate {self.data_plate!r} has size {size} when the model is "
-                "given a single row. numpyro-dp evaluates every row's log-likelihood on "
-                "that row alone, so the plate size must come from the data: write "
-                f"`numpyro.plate({self.data_plate!r}, X.shape[0])` instead of a constant."
+                f"The data plate {self.data_plate!r} does not have size 1 when the model "
+                "is given a single row. numpyro-dp evaluates every row's log-likelihood "
+                "on that row alone, so the plate size must come from the data's shape: "
+                f"write `numpyro.plate({self.data_plate!r}, X.shape[0])`, not a constant "
+                "or a count computed from the values."
             )
         # Same values as the full model on a few rows (else l_i reads other rows or n).
         params = self.init_params(jax.random.PRNGKey(0), model_args, model_kwargs)
@@ -341,6 +430,18 @@ class PrivateModel:
             out.update({("jacobian", n): v for n, v in log_dets.items()})
             return out
 
+        captured = [shape for shape in captured_shapes(probe, example_u, rows)
+                     if len(shape) >= 1 and shape[0] == self.num_rows]
+        if self.num_rows > 1 and captured:
+            raise ModelSpecificationError(
+                f"The model reads an array with one entry per row ({self.num_rows} rows) "
+                "that is not one of its arguments (a global variable, a closure, or an "
+                "array built inside the model from a Python list or NumPy). Such rows "
+                "would be treated as public and leak: pass every per-row array as a "
+                "model argument. (A public constant of that length built inside the "
+                "model with NumPy, such as np.arange(n), triggers this too: build it "
+                "with jnp, e.g. jnp.arange(X.shape[0]).)"
+            )
         flags = depends_on_private(probe, example_u, rows)
         leaky = sorted(
             f"{kind} {name!r}"
@@ -365,6 +466,17 @@ class PrivateModel:
                 stacklevel=3,
             )
         return tuple(sorted(safe))
+
+    # ------------------------------------------------------------- inputs
+    def private_inputs(self, model_args: tuple, model_kwargs: dict) -> tuple:
+        """The row arrays of ``(model_args, model_kwargs)``: what a compiled sampler takes."""
+        leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
+        return tuple(jnp.asarray(leaves[i]) for i in self._row_leaf_index)
+
+    def rebuild(self, rows) -> tuple[tuple, dict]:
+        """``(model_args, model_kwargs)`` from :meth:`private_inputs` (possibly traced)
+        and the public arguments given at construction."""
+        return self._with_rows(self._public_leaves, self._treedef, rows)
 
     # ------------------------------------------------------------- evaluation
     def _with_rows(self, leaves, treedef, row_leaves):

@@ -36,3 +36,21 @@ def x64():
     jax.config.update("jax_enable_x64", True)
     yield
     jax.config.update("jax_enable_x64", old)
+
+
+#: A fixed run secret for tests that call a kernel's functional core directly
+#: (PrivateMCMC draws a fresh one from the OS at every run).
+TEST_SECRET = np.array([2718281828, 3141592653], np.uint32)
+
+
+def armed_init(kernel, rng_key, *args, init_params=None, num_warmup=0, **kwargs):
+    """``kernel.init`` as PrivateMCMC calls it: armed, with the run's inputs.
+
+    Tests only: nothing is charged.
+    """
+    from numpyro_dp.kernels.base import RunInputs
+
+    pm = kernel.prepare(args, kwargs)
+    inputs = RunInputs(pm.private_inputs(args, kwargs), TEST_SECRET)
+    with kernel.armed(object()):
+        return kernel.init(rng_key, num_warmup, init_params, (inputs,), {})

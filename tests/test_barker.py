@@ -43,10 +43,11 @@ def mixture_model(x, weights=None):
 
 
 def run(kernel, *args, num_warmup=500, num_samples=2000, num_chains=4, epsilon=None, seed=0,
-        **kwargs):
+        reproducible_noise=True, delta=1e-6, **kwargs):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
-                           num_chains=num_chains, epsilon=epsilon, delta=1e-6,
-                           chain_method="vectorized", progress_bar=False)
+                           num_chains=num_chains, epsilon=epsilon, delta=delta,
+                           chain_method="vectorized", progress_bar=False,
+                           reproducible_noise=reproducible_noise)
     mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
     return mcmc
 
@@ -99,8 +100,9 @@ def test_tempered_gaussian_mean_matches_closed_form():
 
 @pytest.mark.slow
 def test_heikkila_mixture_at_epsilon_about_1_matches_nuts_on_the_tempered_model():
-    """n = 1e6 rows, b = 1000, n0 = 100: 4 chains x 5000 iterations spend eps ~ 0.84
-    at delta 1e-6 (SPEC s4).  The data are rounded to 0.01, so the exact tempered
+    """n = 1e6 rows, b = 1000, n0 = 100: 4 chains x 5000 iterations spend eps ~ 0.93
+    at delta 1e-7 (0.84 at the SPEC s4 check figure's delta 1e-6, which a run refuses
+    because it is not below 1/n).  The data are rounded to 0.01, so the exact tempered
     log-likelihood T sum_i l(x_i) = T sum_v count_v l(v) over ~1200 distinct values:
     NUTS runs on that (weights T * count_v) at the cost of 1200 rows, on exactly
     the data DPBarker sees.  The posterior is bimodal (label switching, modes near
@@ -124,8 +126,8 @@ def test_heikkila_mixture_at_epsilon_about_1_matches_nuts_on_the_tempered_model(
     ref = np.stack([ref["theta1"], ref["theta2"]], -1)
 
     kernel = ndp.DPBarker(mixture_model, batch_size=1000, proposal_scale=0.1, n0=n0)
-    mcmc = run(kernel, x, num_warmup=500, num_samples=4500, epsilon=1.0, seed=2)
-    assert 0.8 < mcmc.privacy_spent().epsilon <= 1.0
+    mcmc = run(kernel, x, num_warmup=500, num_samples=4500, epsilon=1.0, seed=2, delta=1e-7)
+    assert 0.9 < mcmc.privacy_spent().epsilon <= 1.0
     s = mcmc.get_samples(group_by_chain=True)
     draws = np.stack([s["theta1"], s["theta2"]], -1)
     assert np.min(effective_sample_size(draws)) > 20
@@ -187,8 +189,10 @@ def test_everything_published_is_a_function_of_the_decisions(monkeypatch):
         for seed in (0, 1):
             x = np.random.default_rng(seed).normal(seed, 1.0, 500).astype(np.float32)
             kernel = ndp.DPBarker(mean_model, batch_size=100, proposal_scale=0.1, n0=50)
+            # The same key gives the same coin on both data sets only with
+            # reproducible noise (tests only): the coin's key is a noise key.
             mcmc = run(kernel, x, num_warmup=10, num_samples=20, num_chains=2,
-                       extra_fields=ndp.DPBarkerState._fields)
+                       extra_fields=ndp.DPBarkerState._fields, reproducible_noise=True)
             out = (mcmc.get_samples(), mcmc.get_extra_fields(), mcmc.last_state)
             leaves.append([np.asarray(v) for v in jax.tree_util.tree_leaves(out)])
             assert not any(500 in np.shape(v) or 100 in np.shape(v) for v in leaves[-1])

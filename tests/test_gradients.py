@@ -8,7 +8,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import logistic_model
+from conftest import TEST_SECRET, logistic_model
 
 from numpyro_dp import gradients
 from numpyro_dp.gradients import ROUTES, clip_weights, clipped_grad_sum_fn, select_route
@@ -16,6 +16,12 @@ from numpyro_dp.model import PrivateModel
 from numpyro_dp.models import banana_data, banana_model, gaussian_model
 
 N, K = 24, 3  # rows, covariates
+
+
+def clipped_grad_sum(*args, **kwargs):
+    """``clipped_grad_sum_fn`` with its double-word result added up (``hi + lo``)."""
+    fn, taken = clipped_grad_sum_fn(*args, **kwargs)
+    return (lambda *a: sum(fn(*a))), taken
 
 
 def linreg_model(X, y=None):
@@ -154,7 +160,7 @@ def test_routes_equal_loop_over_rows(x64, name):
     choice = select_route(pm, args, kwargs)
     assert (choice.route, choice.cut, choice.row_width, choice.shared_width) == (route, cut, m, q)
     for r in ("auto", "jacobian"):
-        fn, taken = clipped_grad_sum_fn(pm, r, args, kwargs)
+        fn, taken = clipped_grad_sum(pm, r, args, kwargs)
         assert taken == (route if r == "auto" else r)
         out = jax.jit(fn)(theta, clip, args, kwargs)
         np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
@@ -166,7 +172,7 @@ def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, b
     monkeypatch.setattr(gradients, "ROW_BLOCK", block)
     pm, args, kwargs, theta = _setup(name)
     ref, clip, _ = _loop_reference(name, theta)
-    fn, _ = clipped_grad_sum_fn(pm, "jacobian")
+    fn, _ = clipped_grad_sum(pm, "jacobian")
     out = jax.jit(fn)(theta, clip, args, kwargs)
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
 
@@ -175,7 +181,7 @@ def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, b
 def test_vmap_over_thetas_and_traced_clip(x64, name):
     pm, args, kwargs, theta = _setup(name)
     thetas = theta + 0.3 * jax.random.normal(jax.random.PRNGKey(3), (3,) + theta.shape)
-    fn, _ = clipped_grad_sum_fn(pm, "auto")
+    fn, _ = clipped_grad_sum(pm, "auto")
     batched = jax.jit(jax.vmap(fn, (0, None, None, None)))(thetas, 0.7, args, kwargs)
     for t, out in zip(thetas, batched, strict=True):
         ref, _, _ = _loop_reference(name, t, clip=0.7)
@@ -195,7 +201,7 @@ def test_nonfinite_rows_contribute_zero(x64, name):
     assert 0 < np.sum(~np.isfinite(norms)) < pm.num_rows
     assert select_route(pm, args, kwargs).route == "linear_predictor"
     for r in ("auto", "linear_predictor", "jacobian"):
-        fn, _ = clipped_grad_sum_fn(pm, r)
+        fn, _ = clipped_grad_sum(pm, r)
         out = jax.jit(fn)(theta, clip, args, kwargs)
         assert np.all(np.isfinite(out))
         np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
@@ -204,7 +210,7 @@ def test_nonfinite_rows_contribute_zero(x64, name):
 def test_forced_routes(x64):
     pm, args, kwargs, theta = _setup("poisson")
     ref, clip, _ = _loop_reference("poisson", theta)
-    fn, taken = clipped_grad_sum_fn(pm, "linear_predictor", args, kwargs)
+    fn, taken = clipped_grad_sum(pm, "linear_predictor", args, kwargs)
     assert taken == "linear_predictor"
     np.testing.assert_allclose(jax.jit(fn)(theta, clip, args, kwargs), ref, rtol=1e-10)
 
@@ -212,14 +218,14 @@ def test_forced_routes(x64):
 def test_forced_linear_predictor_on_unsuitable_model_raises(x64):
     pm, args, kwargs, theta = _setup("wide")
     with pytest.raises(ValueError, match="does not apply to this model.*m <="):
-        clipped_grad_sum_fn(pm, "linear_predictor", args, kwargs)
-    fn, taken = clipped_grad_sum_fn(pm, "linear_predictor")  # no example: checked when traced
+        clipped_grad_sum(pm, "linear_predictor", args, kwargs)
+    fn, taken = clipped_grad_sum(pm, "linear_predictor")  # no example: checked when traced
     assert taken == "linear_predictor"
     with pytest.raises(ValueError, match="does not apply"):
         fn(theta, 1.0, args, kwargs)
     with pytest.raises(ValueError, match="grad_route"):
-        clipped_grad_sum_fn(pm, "fast")
-    assert clipped_grad_sum_fn(pm, "auto")[1] == "auto"
+        clipped_grad_sum(pm, "fast")
+    assert clipped_grad_sum(pm, "auto")[1] == "auto"
     assert ROUTES == ("auto", "jacobian", "linear_predictor")
 
 
@@ -242,7 +248,8 @@ def test_dp_hmc_routes_agree(x64):
         )
         state = init_fn(pm.init_params(jax.random.PRNGKey(0), args, kwargs), 0.05, None,
                         jax.random.PRNGKey(1))
-        step = functools.partial(sample_fn, model_args=args, model_kwargs=kwargs)
+        step = functools.partial(sample_fn, model_args=args, model_kwargs=kwargs,
+                                 secret=TEST_SECRET)
         state = jax.jit(lambda s, step=step: jax.lax.fori_loop(0, 3, lambda i, s: step(s), s))(
             state
         )

@@ -28,7 +28,6 @@ from scipy.special import erfc
 
 import numpyro_dp as ndp
 import numpyro_dp.kernels.base as base
-import numpyro_dp.kernels.hmc as hmc
 from numpyro_dp.diagnostics import mmd
 from numpyro_dp.kernels.hmc import split_noise_multiplier
 from numpyro_dp.models import (
@@ -47,10 +46,11 @@ negligible_noise_warnings = pytest.mark.filterwarnings(
 
 
 def run(kernel, *args, num_warmup, num_samples, num_chains=4, seed=0, epsilon=None,
-        chain_method="vectorized", **kwargs):
+        chain_method="vectorized", reproducible_noise=True, **kwargs):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
                            num_chains=num_chains, epsilon=epsilon, delta=1e-6,
-                           chain_method=chain_method, progress_bar=False)
+                           chain_method=chain_method, progress_bar=False,
+                           reproducible_noise=reproducible_noise)
     mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
     return mcmc
 
@@ -308,22 +308,28 @@ def test_spec_check_figure_banana_reference_run():
 
 # ------------------------------------------- 5. releases made == releases charged
 def patch_releases(monkeypatch, release):
-    """Route every Gaussian release of DPHMC (gradients and LLR) through ``release``."""
-    for module in (hmc, base):
-        monkeypatch.setattr(module, "gaussian_release", release)
+    """Route every Gaussian release of DPHMC (gradients and LLR) through ``release``.
+
+    ``grid_release(key, hi, lo, sigma, quantum)`` adds the noise of every
+    release (:mod:`numpyro_dp.rounding`).
+    """
+    monkeypatch.setattr(base, "grid_release", release)
 
 
 def counting_release(monkeypatch):
-    """Patch gaussian_release to log (kind, sigma) at run time; kind 0 = LLR, 1 = gradient."""
+    """Patch grid_release to log (kind, sigma) at run time; kind 0 = LLR, 1 = gradient.
+
+    sigma is in units of the released sum (before the temperature multiplies it).
+    """
     log = []
-    original = base.gaussian_release
+    original = base.grid_release
 
     def record(kind, sigma):
         log.append((kind, float(sigma)))
 
-    def release(key, value, sigma):
-        jax.debug.callback(functools.partial(record, jnp.ndim(value)), sigma, ordered=True)
-        return original(key, value, sigma)
+    def release(key, hi, lo, sigma, quantum, noise="gaussian"):
+        jax.debug.callback(functools.partial(record, jnp.ndim(hi)), sigma, ordered=True)
+        return original(key, hi, lo, sigma, quantum, noise)
 
     patch_releases(monkeypatch, release)
     return log
@@ -347,16 +353,18 @@ def test_releases_made_equal_releases_charged(monkeypatch):
     # Order within an iteration: L + 1 gradients, then the LLR.
     assert all(kinds[i * (L + 2): (i + 1) * (L + 2)] == [1] * (L + 1) + [0]
                for i in range(iterations))
-    # Noise scales: sigma_g = z_g 2 T b_g; sigma_l = z_l 2 T b_l h (h known when accepted).
+    # Noise scales of the clipped sums (T multiplies after the release):
+    # sigma_g = z_g 2 b_g, sigma_l = z_l 2 b_l h (h known when accepted), each up
+    # to the rounding charged with it (clipped_sum_sensitivity: < 1e-5 here).
     sigmas = np.array([s for _, s in log])
-    np.testing.assert_allclose(sigmas[np.array(kinds) == 1], z_g * 2 * T * b_g, rtol=1e-6)
+    np.testing.assert_allclose(sigmas[np.array(kinds) == 1], z_g * 2 * b_g, rtol=1e-5)
     llr_sigma = sigmas[np.array(kinds) == 0].reshape(chains, warmup + samples)[:, warmup:]
     w = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
     accepted = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["accepted"])
     h = np.linalg.norm(np.diff(w, axis=1), axis=-1)
     moved = accepted[:, 1:]
     assert moved.sum() >= 5
-    np.testing.assert_allclose(llr_sigma[:, 1:][moved], z_l * 2 * T * b_l * h[moved], rtol=1e-4)
+    np.testing.assert_allclose(llr_sigma[:, 1:][moved], z_l * 2 * b_l * h[moved], rtol=1e-4)
 
     # A warm-up call and a sampling call: both charged, both counted.
     log.clear()
@@ -509,7 +517,7 @@ def test_everything_published_is_a_function_of_the_releases(monkeypatch):
     potential energy or gradient in the state, or an accept test that used the
     un-noised LLR, would make them differ).  Control: with noise-free releases of
     the true values the outputs do differ."""
-    original = base.gaussian_release
+    original = base.grid_release
 
     def outputs(release):
         patch_releases(monkeypatch, release)
@@ -524,9 +532,11 @@ def test_everything_published_is_a_function_of_the_releases(monkeypatch):
             leaves.append([np.asarray(x) for x in jax.tree_util.tree_leaves(out)])
         return leaves
 
-    first, second = outputs(lambda key, value, sigma: jnp.ones_like(value))
+    first, second = outputs(lambda key, hi, lo, sigma, quantum, noise="gaussian":
+                            jnp.ones_like(hi))
     assert len(first) == len(second)
     for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a, b)
-    first, second = outputs(lambda key, value, sigma: original(key, value, 0.0 * sigma))
+    first, second = outputs(lambda key, hi, lo, sigma, quantum, noise="gaussian":
+                            original(key, hi, lo, 0.0 * sigma, quantum))
     assert not all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))

@@ -99,10 +99,11 @@ def test_mala_is_hmc_with_one_step(logistic_data):
     common = {"grad_clip": 1.0, "llr_clip": 1.0, "noise_multiplier_grad": 3.0,
               "noise_multiplier_llr": 1.0, "init_strategy": init_to_median,
               "target_accept_prob": 0.6}
+    # Same key, same noise: reproducible noise (tests only) makes the runs comparable.
     mala = run(ndp.DPMALA(logistic_model, 0.1, **common), X, y=y, num_warmup=20,
-               num_samples=30, num_chains=2)
+               num_samples=30, num_chains=2, reproducible_noise=True)
     hmc = run(ndp.DPHMC(logistic_model, 0.1, 1, **common), X, y=y, num_warmup=20,
-              num_samples=30, num_chains=2)
+              num_samples=30, num_chains=2, reproducible_noise=True)
     np.testing.assert_array_equal(mala.get_samples()["w"], hmc.get_samples()["w"])
     assert mala.privacy_spent().epsilon == hmc.privacy_spent().epsilon
 
@@ -110,7 +111,7 @@ def test_mala_is_hmc_with_one_step(logistic_data):
 # ------------------------------------------- 2. privacy accounting
 def test_releases_made_equal_releases_charged(monkeypatch, logistic_data):
     """Two gradient releases and one LLR release per iteration, warm-up and every
-    chain included; sigma_g = z_g * 2 T b_g."""
+    chain included; sigma_g = z_g * 2 b_g (in units of the clipped sum)."""
     X, y = logistic_data
     log = counting_release(monkeypatch)
     z_g, z_l, b_g, T = 4.0, 0.5, 0.5, 0.25
@@ -125,7 +126,7 @@ def test_releases_made_equal_releases_charged(monkeypatch, logistic_data):
     assert kinds == [1, 1, 0] * iterations
     assert mcmc.privacy_spent().num_releases == len(log) == 3 * iterations
     sigmas = np.array([s for k, s in log if k == 1])
-    np.testing.assert_allclose(sigmas, z_g * 2 * T * b_g, rtol=1e-6)
+    np.testing.assert_allclose(sigmas, z_g * 2 * b_g, rtol=1e-5)
     # The same cost as DP-HMC with one leapfrog step.
     hmc = ndp.DPHMC(logistic_model, 0.05, 1, grad_clip=b_g, llr_clip=1.0,
                     noise_multiplier_grad=z_g, noise_multiplier_llr=z_l)

@@ -5,7 +5,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import logistic_model
+from conftest import armed_init, logistic_model
 from numpyro.infer import HMC, init_to_value
 
 import numpyro_dp as ndp
@@ -55,9 +55,7 @@ def test_init_params_are_honoured_and_never_searched_on_data(data):
     assert np.linalg.norm(first - start["w"]) < 0.05
     strategy = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=1e6,
                              init_strategy=init_to_value(values={"w": np.array([1.0, 1.0])}))
-    ndp.PrivateMCMC(strategy, num_warmup=0, num_samples=2, delta=1e-6)
-    strategy.prepare((X,), {"y": y})
-    state = strategy.init(jax.random.PRNGKey(0), 0, None, (X,), {"y": y})
+    state = armed_init(strategy, jax.random.PRNGKey(0), X, y=y)
     np.testing.assert_allclose(state.z["w"], [1.0, 1.0])
 
 
@@ -73,6 +71,7 @@ def test_constrained_latents_are_returned_in_their_support():
     y = (X @ np.array([1.0, -1.0]) + 0.5 * rng.normal(size=300)).astype(np.float32)
     kernel = ndp.DPPenalty(model, llr_clip=20.0, proposal_scale=0.05)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=300, num_samples=300, epsilon=1e6, delta=1e-6,
+                           reproducible_noise=True,
                            progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), X, y=y)
     sigma = np.asarray(mcmc.get_samples()["sigma"])

@@ -654,8 +654,9 @@ def test_error_plate_size_differs_from_data():
             numpyro.sample("y", dist.Normal(mu, 1.0), obs=y_t[0])
 
     y_t = _rng().normal(size=(1, 45))
-    with pytest.raises(ModelSpecificationError, match=r"size 45.*no model argument has 45 rows"):
+    with pytest.raises(ModelSpecificationError, match=r"not the number of rows of any") as info:
         PrivateModel(model, (y_t,))
+    assert "45" not in str(info.value)  # a plate size may be computed from the data
 
 
 def test_error_plate_size_given_as_number():
@@ -664,8 +665,8 @@ def test_error_plate_size_given_as_number():
         with numpyro.plate("data", n):
             numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
 
-    y = list(_rng().normal(size=12))  # a Python list: no array with 12 rows
-    with pytest.raises(ModelSpecificationError, match="no model argument has 12 rows"):
+    y = list(_rng().normal(size=12))  # a Python list: its rows would count as public
+    with pytest.raises(ModelSpecificationError, match="Python list or tuple with one item"):
         PrivateModel(model, (y, 12))
 
 

@@ -29,6 +29,7 @@ HUGE_EPSILON = 1e7  # noise negligible: checks the sampler, not the privacy
 def run(kernel, *args, num_warmup=1000, num_samples=5000, num_chains=4, epsilon=HUGE_EPSILON,
         seed=0, **kwargs):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
+                           reproducible_noise=True,
                            num_chains=num_chains, epsilon=epsilon, delta=1e-6,
                            chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
@@ -136,6 +137,7 @@ def test_proposal_scale_adapts_in_warmup_then_freezes(logistic_data):
     X, y = logistic_data
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=1.0)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=300, num_samples=200, epsilon=1e3, delta=1e-6,
+                           reproducible_noise=True,
                            progress_bar=False)
     mcmc.warmup(jax.random.PRNGKey(0), X, y=y, collect_warmup=True,
                 extra_fields=("proposal_scale",))

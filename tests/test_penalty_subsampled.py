@@ -28,9 +28,10 @@ def test_release_moves_by_at_most_the_combined_sensitivity_and_attains_it():
     rng = np.random.default_rng(0)
     value = jax.jit(lambda r: batch_llr(r, c, scale, 2.0))
     bound = float(value(jnp.zeros(b))[1])
-    assert bound == pytest.approx(2 * scale * c + 2 * (b - 1) / b * scale**2 * c**2)
+    # SPEC s3.1's sensitivity plus twice the bound on float32 rounding (~2 b u of it)
+    assert bound == pytest.approx(2 * scale * c + 2 * (b - 1) / b * scale**2 * c**2, rel=1e-4)
     worst = value(jnp.full(b, c))[0] - value(jnp.full(b, c).at[0].set(-c))[0]
-    assert abs(float(worst)) == pytest.approx(bound, rel=1e-5)
+    assert abs(float(worst)) == pytest.approx(bound, rel=1e-4)  # attained, up to rounding
     for _ in range(200):
         r = jnp.asarray(rng.uniform(-c, c, b) * rng.choice([0.2, 1.0]))
         r2 = r.at[rng.integers(b)].set(rng.uniform(-c, c))
@@ -47,6 +48,7 @@ def test_tempered_gaussian_mean_matches_closed_form():
     kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.1, batch_size=b,
                            temperature=n0 / n, noise_multiplier=1e-3)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=500, num_samples=2000, num_chains=4, delta=1e-6,
+                           reproducible_noise=True,
                            chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), x)
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])[..., None]
@@ -92,6 +94,7 @@ def test_float64_run(x64):
     kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=200,
                            temperature=100 / 5000, noise_multiplier=1e-3)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=100, num_samples=200, num_chains=2, delta=1e-6,
+                           reproducible_noise=True,
                            chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), x)
     draws = np.asarray(mcmc.get_samples()["theta"])

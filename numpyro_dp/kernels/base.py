@@ -12,12 +12,15 @@ that additionally
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import random, vmap
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
@@ -25,6 +28,26 @@ from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.rounding import (
+    dw_sum,
+    dw_sum_error,
+    grid_quantum,
+    grid_release,
+    grid_sensitivity,
+    unit_roundoff,
+)
+
+
+class RunInputs(NamedTuple):
+    """What :class:`~numpyro_dp.PrivateMCMC` passes to a kernel as its model arguments.
+
+    Both are arguments of the compiled sampler, never constants of it (JAX's
+    persistent compilation cache would write constants to disk), and neither
+    is ever stored in a state.
+    """
+
+    rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
+    secret: jax.Array  # uint32[2], the run secret (numpyro_dp.secret)
 
 
 def check_positive(name: str, value: float, fix: str) -> float:
@@ -43,9 +66,79 @@ def clip_ratios(ratio: jax.Array, clip: jax.Array) -> jax.Array:
     return jnp.clip(jnp.where(jnp.isnan(ratio), -clip, ratio), -clip, clip)
 
 
-def gaussian_release(key: jax.Array, value: jax.Array, sigma: jax.Array) -> jax.Array:
-    """``value + N(0, sigma^2)``: every Gaussian mechanism of the kernels goes through here."""
-    return value + sigma * random.normal(key, jnp.shape(value), jnp.result_type(value))
+def vector_clip_bound(clip, dim: int, dtype):
+    """Norm bound of a vector clipped to ``clip`` in floating point.
+
+    ``g * min(1, clip / ||g||)`` computed with rounding has norm at most
+    ``clip (1 + (d + 8) u)`` (the norm's own error is below ``(d/2 + 1) u``).
+    """
+    return clip * (1.0 + (dim + 8) * unit_roundoff(dtype))
+
+
+def clipped_sum_sensitivity(
+    num_terms: int, row_bound, sensitivity_factor: float, dim: int, sigma, dtype
+):
+    """``(Delta, q)``: sensitivity of a released sum *as computed*, and its grid step.
+
+    ``num_terms`` rows, each of l2 norm at most ``row_bound``, summed by
+    :func:`~numpyro_dp.rounding.dw_sum` and rounded to the grid ``q`` chosen for
+    noise of standard deviation about ``sigma``: ``Delta = factor * row_bound +
+    2 E + sqrt(dim) q`` with ``E`` the summation error bound.  The one formula
+    that both a release and its accountant use.
+    """
+    magnitude = num_terms * row_bound
+    quantum = grid_quantum(magnitude, sigma, dtype)
+    error = dw_sum_error(num_terms, magnitude, dtype)
+    return sensitivity_factor * row_bound + 2.0 * error + grid_sensitivity(quantum, dim), quantum
+
+
+def release_clipped_sum(
+    key: jax.Array,
+    total: tuple[jax.Array, jax.Array],
+    num_terms: int,
+    row_bound,
+    *,
+    noise_multiplier,
+    sensitivity_factor: float,
+) -> tuple[jax.Array, jax.Array]:
+    """The Gaussian release of a sum of clipped rows, and its noise standard deviation.
+
+    Parameters
+    ----------
+    key : jax.random key
+        A secret noise key (:func:`numpyro_dp.secret.noise_key`).
+    total : (hi, lo)
+        ``dw_sum`` of ``num_terms`` rows (zeros for padded rows), each of l2
+        norm at most ``row_bound``.
+    noise_multiplier : float
+        ``z``: the noise is ``sigma = z * Delta`` with ``Delta`` the
+        sensitivity as computed (:func:`clipped_sum_sensitivity`), rounded up.
+
+    Every Gaussian mechanism of the full-data and gradient kernels goes
+    through here (the minibatch kernels' noise is fixed by their dynamics:
+    :func:`release_sum_with_noise`).
+    """
+    hi, lo = total
+    dtype = hi.dtype
+    nominal = noise_multiplier * sensitivity_factor * row_bound
+    sensitivity, quantum = clipped_sum_sensitivity(
+        num_terms, row_bound, sensitivity_factor, max(1, hi.size), nominal, dtype
+    )
+    sigma = noise_multiplier * sensitivity * (1.0 + 8 * unit_roundoff(dtype))
+    return grid_release(key, hi, lo, sigma, quantum), sigma
+
+
+def release_sum_with_noise(
+    key: jax.Array, total: tuple[jax.Array, jax.Array], num_terms: int, row_bound, sigma
+) -> jax.Array:
+    """:func:`release_clipped_sum` for a noise ``sigma`` fixed by other means.
+
+    Its noise multiplier is ``sigma / Delta`` with ``Delta`` from
+    :func:`clipped_sum_sensitivity` at the same ``sigma`` (the accountant's side).
+    """
+    hi, lo = total
+    quantum = grid_quantum(num_terms * row_bound, sigma, hi.dtype)
+    return grid_release(key, hi, lo, sigma, quantum)
 
 
 def release_llr(
@@ -57,13 +150,19 @@ def release_llr(
     noise_multiplier: float,
     sensitivity_factor: float,
 ) -> tuple[jax.Array, jax.Array]:
-    """The full-data penalty release ``T sum_i clip_c(r_i) + N(0, sigma^2)`` and its sigma.
+    """The full-data penalty release ``T (sum_i clip_c(r_i) + N(0, sigma^2))`` and ``T sigma``.
 
-    ``sigma = z * Delta`` with ``Delta = sensitivity_factor * T * clip``: one row
-    moves the clipped sum by at most that much.
+    ``sigma = z * Delta`` with ``Delta`` about ``sensitivity_factor * clip``:
+    one row moves the clipped sum by at most that much (plus the rounding that
+    :func:`clipped_sum_sensitivity` charges).  ``clip_ratios`` keeps every term
+    within ``[-clip, clip]`` exactly.
     """
-    sigma = noise_multiplier * sensitivity_factor * temperature * clip
-    return gaussian_release(key, temperature * jnp.sum(clip_ratios(ratio, clip)), sigma), sigma
+    total = dw_sum(clip_ratios(ratio, clip))
+    value, sigma = release_clipped_sum(
+        key, total, ratio.shape[0], clip,
+        noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
+    )
+    return temperature * value, temperature * sigma
 
 
 def penalty_test(
@@ -148,7 +247,8 @@ class DPKernel(MCMCKernel):
         self._init_strategy = init_strategy
         self._private_model: PrivateModel | None = None
         self._sample_fn = None
-        self._charged_by = None  # the PrivateMCMC that accounts for this kernel
+        self._charged_by = None  # the PrivateMCMC whose ledger accounts for this kernel
+        self._armed_by = None  # the PrivateMCMC running a charged call right now
 
     @property
     def model(self) -> Callable:
@@ -167,39 +267,107 @@ class DPKernel(MCMCKernel):
         self._sample_fn = None
         return self._private_model
 
-    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
-        """The privacy cost of one iteration of one chain."""
+    def per_iteration_event(
+        self, noise_multiplier: float | None = None, num_rows: int | None = None
+    ) -> dpa.DpEvent:
+        """The privacy cost of one iteration of one chain.
+
+        Parameters
+        ----------
+        noise_multiplier : float, optional
+            Plan at this noise multiplier instead of the kernel's (required
+            before calibration for a kernel built without one).
+        num_rows : int, optional
+            ``n``; needed by minibatch kernels before they have seen the data.
+        """
         raise NotImplementedError
 
     def run_event(
-        self, num_iterations: int, start: int = 0, noise_multiplier: float | None = None
+        self,
+        num_iterations: int,
+        start: int = 0,
+        noise_multiplier: float | None = None,
+        num_rows: int | None = None,
     ) -> dpa.DpEvent:
         """The privacy cost of one chain's iterations ``start, ..., start + num_iterations - 1``.
 
         The default composes :meth:`per_iteration_event`; kernels whose cost
         changes over time (decreasing step sizes) override it.
         """
-        return dpa.SelfComposedDpEvent(self.per_iteration_event(noise_multiplier), num_iterations)
+        return dpa.SelfComposedDpEvent(
+            self.per_iteration_event(noise_multiplier, num_rows), num_iterations
+        )
 
-    def _require_runner(self, noise_multiplier: float | None) -> PrivateModel:
-        if self._charged_by is None or self._private_model is None:
+    def budget_advice(self) -> str:
+        """What a user can change when a run does not fit the budget."""
+        return (
+            "run fewer iterations or chains, raise noise_multiplier, or state a "
+            "larger budget"
+        )
+
+    def _noise_for_event(self, noise_multiplier: float | None) -> float:
+        """The noise multiplier to declare an event at, with a clear error if there is none."""
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        if z is None:
+            raise ValueError(
+                f"This {type(self).__name__} has no noise multiplier yet: PrivateMCMC "
+                "calibrates it to the budget when a run starts. To plan before a run, "
+                "ask the runner (PrivateMCMC(...).plan(num_rows=n) gives the calibrated "
+                "noise and what the budget affords) or pass one: "
+                "kernel.per_iteration_event(noise_multiplier=z)."
+            )
+        return check_positive("noise_multiplier", z, "it is sigma / Delta of each release.")
+
+    def _rows_for_event(self, num_rows: int | None) -> int:
+        """``n`` for kernels whose cost depends on it, with a clear error if unknown."""
+        if num_rows is None and self._private_model is not None:
+            num_rows = self._private_model.num_rows
+        if num_rows is None:
+            raise ValueError(
+                f"The privacy cost of {type(self).__name__} depends on the number of rows "
+                "n (the sampling rate is batch_size / n). Pass num_rows=n to plan before "
+                "the kernel has seen the data."
+            )
+        if not (isinstance(num_rows, (int, np.integer)) and num_rows >= 1):
+            raise ValueError(f"num_rows={num_rows!r} must be a positive integer.")
+        return int(num_rows)
+
+    # ------------------------------------------------------------ running
+    @contextlib.contextmanager
+    def armed(self, runner) -> Iterator[None]:
+        """Allow sampling for the duration of one charged call of ``runner``.
+
+        Only :class:`~numpyro_dp.PrivateMCMC` arms a kernel, after charging the
+        call to its ledger; outside that window :meth:`init`, :meth:`sample` and
+        :meth:`postprocess_fn` refuse to run, whoever calls them (plain
+        ``numpyro.infer.MCMC`` included).
+        """
+        self._armed_by = runner
+        try:
+            yield
+        finally:
+            self._armed_by = None
+
+    def _unpack(self, model_args: tuple, model_kwargs: dict):
+        """``(model_args, model_kwargs, secret)`` of an armed run's inputs."""
+        inputs = model_args[0] if len(model_args) == 1 else None
+        if self._armed_by is None or not isinstance(inputs, RunInputs) or model_kwargs:
             raise RuntimeError(
                 f"{type(self).__name__} must be run by numpyro_dp.PrivateMCMC, which "
-                "charges every iteration to the privacy ledger; plain "
-                "numpyro.infer.MCMC would release draws without accounting."
+                "charges every iteration of every chain to the privacy ledger before "
+                "it runs; numpyro.infer.MCMC or a direct call would release draws "
+                "without accounting. Use ndp.PrivateMCMC(kernel, ...).run(key, *data)."
             )
-        if noise_multiplier is None and self.calibrated_noise:
-            raise RuntimeError(
-                f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
-                "epsilon and delta to calibrate it, or pass noise_multiplier=."
-            )
-        return self._private_model
+        args, kwargs = self._private_model.rebuild(inputs.rows)
+        return args, kwargs, inputs.secret
 
     def _init_chains(self, rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn):
         """Initialise one chain or a batch of chains (one key each), as NumPyro does.
 
         ``init_fn(params, rng_key)`` builds a chain's state from unconstrained
         ``params``; those come from the user or from the prior, never the data.
+        ``sample_fn(state, model_args, model_kwargs, secret)`` is kept for
+        :meth:`sample`.
         """
         pm = self._private_model
 
@@ -212,13 +380,31 @@ class DPKernel(MCMCKernel):
         if is_prng_key(rng_key):
             self._sample_fn = sample_fn
             return init_one(rng_key, init_params)
-        self._sample_fn = vmap(sample_fn, in_axes=(0, None, None))
+        self._sample_fn = vmap(sample_fn, in_axes=(0, None, None, None))
         return vmap(init_one)(rng_key, init_params)
 
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        model_args, model_kwargs, _ = self._unpack(model_args, model_kwargs)
+        if self.calibrated_noise and self.noise_multiplier is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
+                "epsilon and delta to calibrate it, or pass noise_multiplier=."
+            )
+        init_fn, sample_fn = self._core(num_warmup)
+        return self._init_chains(
+            rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn
+        )
+
+    def _core(self, num_warmup: int) -> tuple[Callable, Callable]:
+        """``(init_fn(params, key), sample_fn(state, args, kwargs, secret))`` of the algorithm."""
+        raise NotImplementedError
+
     def sample(self, state, model_args, model_kwargs):
-        return self._sample_fn(state, model_args, model_kwargs)
+        model_args, model_kwargs, secret = self._unpack(model_args, model_kwargs)
+        return self._sample_fn(state, model_args, model_kwargs, secret)
 
     def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
+        args, kwargs, _ = self._unpack(args, kwargs)
         pm = self._private_model
 
         def constrain(z):

@@ -46,12 +46,14 @@ from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
 from numpyro_dp.kernels.base import (
     DPKernel,
     check_positive,
-    gaussian_release,
     penalty_test,
     phase_mean,
+    release_clipped_sum,
     release_llr,
+    vector_clip_bound,
 )
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.secret import noise_key
 
 
 class DPHMCState(NamedTuple):
@@ -146,12 +148,13 @@ def dp_hmc(
     Returns
     -------
     init_fn(init_params, step_size, inverse_mass_matrix, rng_key) -> DPHMCState
-    sample_fn(state, model_args, model_kwargs) -> DPHMCState
+    sample_fn(state, model_args, model_kwargs, secret) -> DPHMCState
+        ``secret`` is the run secret (:mod:`numpyro_dp.secret`): every noise
+        draw comes from it; momenta and the accept test use the state's key.
     """
     pm = private_model
     dim = pm.num_params
     clipped_sum, _ = clipped_grad_sum_fn(pm, grad_route)
-    sigma_grad = noise_multiplier_grad * sensitivity_factor * temperature * grad_clip
     wa_init, wa_update = warmup_adapter(
         num_warmup,
         adapt_step_size=adapt_step_size,
@@ -182,7 +185,7 @@ def dp_hmc(
             rng_key=rng_key,
         )
 
-    def sample_fn(state: DPHMCState, model_args: tuple, model_kwargs: dict) -> DPHMCState:
+    def sample_fn(state: DPHMCState, model_args: tuple, model_kwargs: dict, secret) -> DPHMCState:
         rng_key, key_p, key_grads, key_llr, key_u = random.split(state.rng_key, 5)
         a = state.adapt_state
         inv_mass = a.inverse_mass_matrix
@@ -198,8 +201,13 @@ def dp_hmc(
             return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
 
         def noisy_grad(theta, key):  # one Gaussian release (plus the public prior)
-            clipped = temperature * clipped_sum(theta, grad_clip, model_args, model_kwargs)
-            return gaussian_release(key, clipped, sigma_grad) + jax.grad(prior)(theta)
+            total = clipped_sum(theta, grad_clip, model_args, model_kwargs)
+            released, _ = release_clipped_sum(
+                noise_key(secret, key), total, pm.num_rows,
+                vector_clip_bound(grad_clip, dim, theta.dtype),
+                noise_multiplier=noise_multiplier_grad, sensitivity_factor=sensitivity_factor,
+            )
+            return temperature * released + jax.grad(prior)(theta)
 
         # Step-size jitter by a randomised Halton sequence (paper 004 s3): constant
         # within a trajectory, so the invariant distribution is unchanged.
@@ -225,7 +233,8 @@ def dp_hmc(
         new = pm.log_density_terms(pm.unravel(theta1), model_args, model_kwargs)
         clip = llr_clip * jnp.linalg.norm(theta1 - theta0)
         noisy_llr, sigma_llr = release_llr(
-            key_llr, new.loglik_rows - old.loglik_rows, clip, temperature=temperature,
+            noise_key(secret, key_llr), new.loglik_rows - old.loglik_rows, clip,
+            temperature=temperature,
             noise_multiplier=noise_multiplier_llr, sensitivity_factor=sensitivity_factor,
         )
         delta_h = noisy_llr + new.prior - old.prior + kinetic(p0) - kinetic(p1)
@@ -421,9 +430,7 @@ class DPHMC(DPKernel):
         """``(z_grad, z_llr)``: explicit, or split from the per-iteration ``noise_multiplier``."""
         if noise_multiplier is None and self._explicit is not None:
             return self._explicit
-        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        if z is None:
-            raise RuntimeError("DPHMC has no noise multipliers yet; PrivateMCMC calibrates them.")
+        z = self._noise_for_event(noise_multiplier)
         return split_noise_multiplier(z, self.num_steps, self.llr_budget_fraction)
 
     @property
@@ -434,8 +441,10 @@ class DPHMC(DPKernel):
     def noise_multiplier_llr(self) -> float | None:
         return None if self.noise_multiplier is None else self.noise_multipliers()[1]
 
-    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
-        """One LLR release and ``num_steps + 1`` gradient releases."""
+    def per_iteration_event(
+        self, noise_multiplier: float | None = None, num_rows: int | None = None
+    ) -> dpa.DpEvent:
+        """One LLR release and ``num_steps + 1`` gradient releases (``num_rows`` unused)."""
         z_grad, z_llr = self.noise_multipliers(noise_multiplier)
         return dpa.ComposedDpEvent([
             dpa.GaussianDpEvent(z_llr),
@@ -461,11 +470,10 @@ class DPHMC(DPKernel):
         self._initial_inverse_mass_matrix(jnp.result_type(float))  # before any charge
         return pm
 
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        pm = self._require_runner(self.noise_multiplier)
+    def _core(self, num_warmup: int):
         z_grad, z_llr = self.noise_multipliers()
         init_fn, sample_fn = dp_hmc(
-            pm,
+            self._private_model,
             num_warmup,
             num_steps=self.num_steps,
             grad_clip=self.grad_clip,
@@ -483,10 +491,7 @@ class DPHMC(DPKernel):
             proposal_variance_factor=self.proposal_variance_factor,
         )
         inv_mass = self._initial_inverse_mass_matrix(jnp.result_type(float))
-        return self._init_chains(
-            rng_key, init_params, model_args, model_kwargs,
-            lambda params, key: init_fn(params, self.step_size, inv_mass, key), sample_fn,
-        )
+        return (lambda params, key: init_fn(params, self.step_size, inv_mass, key)), sample_fn
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"acc. prob={state.mean_accept_prob:.2f}, step size={state.step_size:.2e}"

@@ -45,12 +45,20 @@ from numpyro_dp.kernels.base import (
     DPKernel,
     check_positive,
     clip_ratios,
-    gaussian_release,
     penalty_test,
     phase_mean,
     release_llr,
 )
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.rounding import (
+    dw_sum,
+    dw_sum_error,
+    grid_quantum,
+    grid_release,
+    grid_sensitivity,
+    unit_roundoff,
+)
+from numpyro_dp.secret import noise_key
 
 PROPOSALS = ("random_walk", "one_coordinate", "guided")
 
@@ -96,18 +104,50 @@ class DPPenaltyState(NamedTuple):
 def batch_llr(
     ratio: jax.Array, clip: jax.Array, scale: float, sensitivity_factor: float
 ) -> tuple[jax.Array, jax.Array]:
-    """Subsampled LLR with the CLT correction (SPEC s3.1), and its sensitivity.
+    """Subsampled LLR with the CLT correction (SPEC s3.1), and its sensitivity as computed.
 
-    ``ratio`` holds the ``b`` clipped ratios of a batch, ``scale = n T / b``.
-    Returns ``lambda* - sigma_b^2 / 2`` (prior and proposal terms excluded)
-    and ``Delta_lambda + Delta_half_var`` (in units where one row moves a
-    clipped ratio by ``sensitivity_factor * clip``).
+    ``ratio`` holds the ``b`` ratios of a batch (clipped here to ``clip``),
+    ``scale = n T / b``.  Returns ``lambda* - sigma_b^2 / 2`` (prior and
+    proposal terms excluded) and ``Delta_lambda + Delta_half_var`` of SPEC
+    s3.1 plus twice a bound on the floating-point error of the value: the batch
+    sums are double-word sums, the rest is charged ``10 u`` of each term's
+    magnitude (about ``2 b u`` of the sensitivity: 1e-4 at ``b = 1000`` in
+    float32).
     """
+    r = clip_ratios(ratio, clip)
+    b = r.shape[0]
+    dtype = r.dtype
+    u = unit_roundoff(dtype)
+    total, squares = dw_sum(r), dw_sum(r * r)
+    total_f, squares_f = total[0] + total[1], squares[0] + squares[1]
+    value = scale * total_f - 0.5 * scale**2 * (squares_f - total_f * total_f / b)
+    linear, quadratic = scale * b * clip, scale**2 * b * clip**2  # |terms| of the value
+    error = (
+        10.0 * u * (linear + 2.0 * quadratic)
+        + scale * dw_sum_error(b, b * clip, dtype)
+        + scale**2 * dw_sum_error(b, b * clip**2 * (1 + u), dtype)
+    )
+    exact = sensitivity_factor * (scale * clip + (b - 1) / b * scale**2 * clip**2)
+    return value, exact + 2.0 * error
+
+
+def release_batch_llr(
+    key: jax.Array,
+    ratio: jax.Array,
+    clip: jax.Array,
+    scale: float,
+    *,
+    noise_multiplier: float,
+    sensitivity_factor: float,
+) -> tuple[jax.Array, jax.Array]:
+    """The release ``batch_llr + N(0, sigma^2)`` on the grid of :func:`grid_release`, and sigma."""
+    value, sensitivity = batch_llr(ratio, clip, scale, sensitivity_factor)
     b = ratio.shape[0]
-    total = jnp.sum(ratio)
-    half_var = 0.5 * scale**2 * (jnp.sum(ratio**2) - total**2 / b)
-    sensitivity = sensitivity_factor * (scale * clip + (b - 1) / b * scale**2 * clip**2)
-    return scale * total - half_var, sensitivity
+    magnitude = scale * b * clip + scale**2 * b * clip**2
+    quantum = grid_quantum(magnitude, noise_multiplier * sensitivity, value.dtype)
+    sensitivity = sensitivity + grid_sensitivity(quantum, 1)
+    sigma = noise_multiplier * sensitivity * (1.0 + 8 * unit_roundoff(value.dtype))
+    return grid_release(key, value, jnp.zeros_like(value), sigma, quantum), sigma
 
 
 def dp_penalty(
@@ -130,7 +170,10 @@ def dp_penalty(
     Returns
     -------
     init_fn(init_params, proposal_scale, rng_key) -> DPPenaltyState
-    sample_fn(state, model_args, model_kwargs) -> DPPenaltyState
+    sample_fn(state, model_args, model_kwargs, secret) -> DPPenaltyState
+        ``secret`` is the run secret (:mod:`numpyro_dp.secret`): the noise and
+        the batch come from it, proposals and the accept test from the state's
+        public key.
     """
     pm = private_model
     dim = pm.num_params
@@ -181,20 +224,20 @@ def dp_penalty(
                 key, ratio, clip, temperature=temperature,
                 noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
             )
-        scale = pm.num_rows * temperature / batch_size
-        value, sensitivity = batch_llr(clip_ratios(ratio, clip), clip, scale, sensitivity_factor)
-        sigma = noise_multiplier * sensitivity
-        return gaussian_release(key, value, sigma), sigma
+        return release_batch_llr(
+            key, ratio, clip, pm.num_rows * temperature / batch_size,
+            noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
+        )
 
-    def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict):
-        keys = random.split(state.rng_key, 4 if batch_size is None else 5)
-        rng_key, key_prop, key_noise, key_u = keys[:4]
+    def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict, secret):
+        rng_key, key_prop, key_noise, key_u, key_batch = random.split(state.rng_key, 5)
+        key_noise, key_batch = noise_key(secret, key_noise), noise_key(secret, key_batch)
         theta = pm.ravel(state.z)
         step, j = _propose(state, theta, key_prop)
         z_new = pm.unravel(theta + step)
         batch = None
         if batch_size is not None:
-            batch = sample_without_replacement(keys[4], pm.num_rows, batch_size)
+            batch = sample_without_replacement(key_batch, pm.num_rows, batch_size)
         old = pm.log_density_terms(state.z, model_args, model_kwargs, idx=batch)
         new = pm.log_density_terms(z_new, model_args, model_kwargs, idx=batch)
 
@@ -346,21 +389,24 @@ class DPPenalty(DPKernel):
             )
         return pm
 
-    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
-        """One Gaussian release of the clipped (batch) log-likelihood ratio."""
-        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+    def per_iteration_event(
+        self, noise_multiplier: float | None = None, num_rows: int | None = None
+    ) -> dpa.DpEvent:
+        """One Gaussian release of the clipped (batch) log-likelihood ratio.
+
+        ``noise_multiplier`` defaults to the kernel's; ``num_rows`` (n) is
+        needed with ``batch_size`` before the kernel has seen the data.
+        """
+        z = self._noise_for_event(noise_multiplier)
         if self.batch_size is None:
             return dpa.GaussianDpEvent(z)
-        if self._private_model is None:
-            raise RuntimeError("The cost depends on n, known once PrivateMCMC.run sees the data.")
         return dpa.SampledWithoutReplacementDpEvent(
-            self._private_model.num_rows, self.batch_size, dpa.GaussianDpEvent(z)
+            self._rows_for_event(num_rows), self.batch_size, dpa.GaussianDpEvent(z)
         )
 
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        pm = self._require_runner(self.noise_multiplier)
+    def _core(self, num_warmup: int):
         init_fn, sample_fn = dp_penalty(
-            pm,
+            self._private_model,
             num_warmup,
             llr_clip=self.llr_clip,
             noise_multiplier=self.noise_multiplier,
@@ -373,10 +419,7 @@ class DPPenalty(DPKernel):
             target_accept_prob=self.target_accept_prob,
             batch_size=self.batch_size,
         )
-        return self._init_chains(
-            rng_key, init_params, model_args, model_kwargs,
-            lambda params, key: init_fn(params, self.proposal_scale, key), sample_fn,
-        )
+        return (lambda params, key: init_fn(params, self.proposal_scale, key)), sample_fn
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"acc. prob={state.mean_accept_prob:.2f}, scale={state.proposal_scale:.2e}"

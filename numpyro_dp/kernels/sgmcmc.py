@@ -47,15 +47,23 @@ from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.batching import poisson_batch, poisson_buffer_size, sample_without_replacement
 from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
-from numpyro_dp.kernels.base import DPKernel, check_positive, gaussian_release
+from numpyro_dp.kernels.base import (
+    DPKernel,
+    check_positive,
+    clipped_sum_sensitivity,
+    release_sum_with_noise,
+    vector_clip_bound,
+)
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.secret import noise_key
 
 BATCHINGS = ("poisson", "without_replacement")
 SCHEDULES = ("constant", "decreasing")
 #: Decreasing schedules are charged with z_t rounded down onto this geometric
 #: grid, so that a long run composes few distinct events (epsilon <= ~1% high).
 Z_GRID_RATIO = 1.01
-#: Relative margin on every accounted z for float32 rounding of eta and clip.
+#: Relative margin on every accounted z for the rounding of eta and of the noise
+#: scale inside the compiled sampler (float32: relative errors of a few 1e-7).
 Z_ROUNDING_MARGIN = 1e-5
 
 
@@ -99,7 +107,7 @@ def step_size_at(step_size: float, schedule: str, t):
     return step_size if schedule == "constant" else step_size * t ** (-1.0 / 3.0)
 
 
-def minibatch_gradient_fn(
+def noisy_gradient_fn(
     pm: PrivateModel,
     *,
     batch_size: int,
@@ -107,25 +115,43 @@ def minibatch_gradient_fn(
     grad_clip: float,
     temperature: float,
     grad_route: str,
+    sum_noise: Callable,
 ) -> Callable:
-    """``(theta, key, model_args, model_kwargs) -> G``: the scaled clipped minibatch sum.
+    """``(theta, eta, key, secret, model_args, model_kwargs) -> G_hat``: the released estimate.
 
-    ``G`` is private: callers add it to a Gaussian release.  Its cost per call
-    depends on ``batch_size`` (Poisson: the buffer), not on ``n``.
+    ``G_hat = T (n / b) (sum_{j in B} clip_C(grad l_j) + N(0, s^2))`` with
+    ``s = sum_noise(eta)``: the dynamics' own noise, moved in front of the
+    factor that multiplies ``G`` in the update, so ``c(eta) G_hat`` has exactly
+    the update's ``N(0, noise_scale(eta)^2)``.  One subsampled Gaussian release
+    (:func:`~numpyro_dp.kernels.base.release_sum_with_noise`); batch and noise
+    come from the run secret.  Its cost per call depends on ``batch_size``
+    (Poisson: the buffer), not on ``n``.
     """
     n = pm.num_rows
     clipped_sum, _ = clipped_grad_sum_fn(pm, grad_route)
     scale = temperature * n / batch_size
-    buffer = poisson_buffer_size(n, batch_size / n) if batching == "poisson" else None
+    num_terms = summed_rows(n, batch_size, batching)
 
-    def grad_estimate(theta, key, model_args, model_kwargs):
+    def noisy_gradient(theta, eta, key, secret, model_args, model_kwargs):
+        key_batch, key_noise = random.split(key)
+        key_batch, key_noise = noise_key(secret, key_batch), noise_key(secret, key_noise)
         if batching == "poisson":
-            idx, mask = poisson_batch(key, n, batch_size / n, buffer)
+            idx, mask = poisson_batch(key_batch, n, batch_size / n, num_terms)
         else:
-            idx, mask = sample_without_replacement(key, n, batch_size), None
-        return scale * clipped_sum(theta, grad_clip, model_args, model_kwargs, idx, mask)
+            idx, mask = sample_without_replacement(key_batch, n, batch_size), None
+        total = clipped_sum(theta, grad_clip, model_args, model_kwargs, idx, mask)
+        row_bound = vector_clip_bound(grad_clip, pm.num_params, theta.dtype)
+        released = release_sum_with_noise(key_noise, total, num_terms, row_bound, sum_noise(eta))
+        return scale * released
 
-    return grad_estimate
+    return noisy_gradient
+
+
+def summed_rows(num_rows: int, batch_size: int, batching: str) -> int:
+    """Rows a minibatch sum adds up: ``b``, or the Poisson buffer (padded slots are 0)."""
+    if batching == "poisson":
+        return poisson_buffer_size(num_rows, batch_size / num_rows)
+    return batch_size
 
 
 def _sg_core(
@@ -142,11 +168,11 @@ def _sg_core(
     """Shared loop of the three kernels; ``move`` is one step of the dynamics.
 
     ``move(theta, p, xi, eta, key, grad, prior_grad) -> (theta, p, xi)`` with
-    ``grad(theta, key)`` the private minibatch estimate ``G``.
+    ``grad(theta, key)`` the released minibatch estimate ``G_hat``.
     """
     pm = private_model
     dim = pm.num_params
-    grad_estimate = minibatch_gradient_fn(pm, **grad_kwargs)
+    noisy_gradient = noisy_gradient_fn(pm, **grad_kwargs)
 
     def init_fn(init_params: dict, rng_key):
         theta = pm.ravel(init_params)
@@ -157,7 +183,7 @@ def _sg_core(
             jnp.asarray(step_size, theta.dtype), rng_key,
         )
 
-    def sample_fn(state: DPSGState, model_args: tuple, model_kwargs: dict) -> DPSGState:
+    def sample_fn(state: DPSGState, model_args: tuple, model_kwargs: dict, secret) -> DPSGState:
         rng_key, key_p, key_steps = random.split(state.rng_key, 3)
         theta = pm.ravel(state.z)
         eta = step_size_at(step_size, schedule, (state.i + 1).astype(theta.dtype))
@@ -169,7 +195,7 @@ def _sg_core(
             )(t)
 
         def grad(t, key):
-            return grad_estimate(t, key, model_args, model_kwargs)
+            return noisy_gradient(t, eta, key, secret, model_args, model_kwargs)
 
         p = random.normal(key_p, (dim,), theta.dtype) if resample_momentum else state.momentum
         keys = random.split(key_steps, num_steps)
@@ -184,12 +210,14 @@ def _sg_core(
 
 
 def dp_sgld(private_model: PrivateModel, *, step_size, schedule, **grad_kwargs):
-    """Functional core of DP-SGLD: ``(init_fn(params, key), sample_fn(state, args, kwargs))``."""
+    """Functional core of DP-SGLD: ``(init_fn, sample_fn)`` as in :func:`_sg_core`.
+
+    ``theta + (eta/2)(grad log p + G_hat)``: ``G_hat``'s noise is the Langevin
+    noise ``N(0, eta I)``.
+    """
 
     def move(theta, p, xi, eta, key, grad, prior_grad):
-        key_b, key_n = random.split(key)
-        drift = theta + 0.5 * eta * (prior_grad(theta) + grad(theta, key_b))
-        return gaussian_release(key_n, drift, jnp.sqrt(eta)), p, xi
+        return theta + 0.5 * eta * (prior_grad(theta) + grad(theta, key)), p, xi
 
     return _sg_core(
         private_model, move, step_size=step_size, schedule=schedule, num_steps=1,
@@ -199,13 +227,14 @@ def dp_sgld(private_model: PrivateModel, *, step_size, schedule, **grad_kwargs):
 
 def dp_sghmc(private_model: PrivateModel, *, step_size, schedule, num_steps, friction,
              **grad_kwargs):
-    """Functional core of DP-SGHMC (identity mass, momentum resampled per iteration)."""
+    """Functional core of DP-SGHMC (identity mass, momentum resampled per iteration).
+
+    ``G_hat``'s noise is the friction noise ``N(0, 2 C_f eta I)`` of the kick.
+    """
 
     def move(theta, p, xi, eta, key, grad, prior_grad):
-        key_b, key_n = random.split(key)
         theta = theta + eta * p
-        kick = p + eta * (prior_grad(theta) + grad(theta, key_b)) - eta * friction * p
-        return theta, gaussian_release(key_n, kick, jnp.sqrt(2.0 * friction * eta)), xi
+        return theta, p + eta * (prior_grad(theta) + grad(theta, key)) - eta * friction * p, xi
 
     return _sg_core(
         private_model, move, step_size=step_size, schedule=schedule, num_steps=num_steps,
@@ -215,13 +244,14 @@ def dp_sghmc(private_model: PrivateModel, *, step_size, schedule, num_steps, fri
 
 def dp_sgnht(private_model: PrivateModel, *, step_size, schedule, num_steps, diffusion,
              **grad_kwargs):
-    """Functional core of DP-SGNHT (Ding et al. 2014, Algorithm 1; thermostat starts at A)."""
+    """Functional core of DP-SGNHT (Ding et al. 2014, Algorithm 1; thermostat starts at A).
+
+    ``G_hat``'s noise is the injected ``N(0, 2 A eta I)``.
+    """
     dim = private_model.num_params
 
     def move(theta, p, xi, eta, key, grad, prior_grad):
-        key_b, key_n = random.split(key)
-        kick = p - xi * eta * p + eta * (prior_grad(theta) + grad(theta, key_b))
-        p = gaussian_release(key_n, kick, jnp.sqrt(2.0 * diffusion * eta))
+        p = p - xi * eta * p + eta * (prior_grad(theta) + grad(theta, key))
         theta = theta + eta * p
         return theta, p, xi + eta * (jnp.dot(p, p) / dim - 1.0)
 
@@ -286,52 +316,81 @@ class _StochasticGradientKernel(DPKernel):
         self.grad_route = grad_route
 
     # ------------------------------------------------------------ privacy
-    def _noise_scale(self, eta: float) -> float:
-        """Standard deviation of one step's noise at step size ``eta``."""
+    def _noise_scale(self, eta):
+        """Standard deviation of one step's noise at step size ``eta`` (floats or traced)."""
         raise NotImplementedError
 
-    def _gradient_coefficient(self, eta: float) -> float:
+    def _gradient_coefficient(self, eta):
         """Factor in front of ``G`` in the released quantity."""
         return eta
 
-    def _num_rows(self) -> int:
-        if self._private_model is None:
-            raise RuntimeError(
-                f"{type(self).__name__}'s privacy cost depends on the number of rows: "
-                "run it through PrivateMCMC (which reads n from the data)."
-            )
-        return self._private_model.num_rows
+    def sum_noise(self, eta, num_rows: int | None = None):
+        """Noise standard deviation of one step's released clipped sum, at step size ``eta``.
 
-    def step_noise_multiplier(self, eta: float) -> float:
-        """``z`` of one step with step size ``eta`` (rounded down: never understated)."""
-        n = self._num_rows()
-        delta = (
+        The dynamics' noise divided by the factor in front of the sum in the
+        update, ``c(eta) T n / b``.  The sampler adds exactly this noise, and
+        :meth:`step_noise_multiplier` charges it: one formula for both.
+        """
+        n = self._rows_for_event(num_rows)
+        return self._noise_scale(eta) / (
             self._gradient_coefficient(eta) * self.temperature * n / self.batch_size
-            * self.sensitivity_factor * self.grad_clip
         )
-        return self._noise_scale(eta) / delta * (1.0 - Z_ROUNDING_MARGIN)
 
-    def _step_event(self, z: float) -> dpa.DpEvent:
-        n = self._num_rows()
+    def step_noise_multiplier(self, eta: float, num_rows: int | None = None) -> float:
+        """``z`` of one step with step size ``eta`` (rounded down: never understated).
+
+        ``sigma / Delta`` with ``Delta`` the sensitivity of the sum as computed
+        (:func:`~numpyro_dp.kernels.base.clipped_sum_sensitivity`: clipping,
+        summation and grid rounding), in the working precision.
+        """
+        n = self._rows_for_event(num_rows)
+        dtype = jnp.result_type(float)
+        dim = None if self._private_model is None else self._private_model.num_params
+        sigma = float(self.sum_noise(eta, n))
+        delta, _ = clipped_sum_sensitivity(
+            summed_rows(n, self.batch_size, self.batching),
+            vector_clip_bound(self.grad_clip, dim or 1, dtype),
+            self.sensitivity_factor, dim or 1, sigma, dtype,
+        )
+        return sigma / float(delta) * (1.0 - Z_ROUNDING_MARGIN)
+
+    def _step_event(self, z: float, n: int) -> dpa.DpEvent:
         if self.batching == "without_replacement":
             return dpa.SampledWithoutReplacementDpEvent(n, self.batch_size, dpa.GaussianDpEvent(z))
         q = self.batch_size / n
         return dpa.TruncatedSubsampledGaussianDpEvent(n, q, poisson_buffer_size(n, q), z)
 
-    def per_iteration_event(self, noise_multiplier: float | None = None) -> dpa.DpEvent:
+    def per_iteration_event(
+        self, noise_multiplier: float | None = None, num_rows: int | None = None
+    ) -> dpa.DpEvent:
         """The first iteration's cost: ``num_steps`` subsampled Gaussian releases."""
-        return self.run_event(1)
+        return self.run_event(1, 0, noise_multiplier, num_rows)
 
     def run_event(
-        self, num_iterations: int, start: int = 0, noise_multiplier: float | None = None
+        self,
+        num_iterations: int,
+        start: int = 0,
+        noise_multiplier: float | None = None,
+        num_rows: int | None = None,
     ) -> dpa.DpEvent:
-        """Iterations ``t = start + 1 .. start + num_iterations``, each at its own ``z_t``."""
+        """Iterations ``t = start + 1 .. start + num_iterations``, each at its own ``z_t``.
+
+        ``noise_multiplier`` is not accepted: the step size, clip and batch size
+        fix the noise.
+        """
+        if noise_multiplier is not None:
+            raise ValueError(
+                f"{type(self).__name__}'s noise is fixed by step_size, grad_clip and "
+                "batch_size (the dynamics' own noise is the mechanism); it has no "
+                "noise_multiplier to plan with."
+            )
+        n = self._rows_for_event(num_rows)
         if self.step_schedule == "constant":
-            z = self.step_noise_multiplier(self.step_size)
-            return dpa.SelfComposedDpEvent(self._step_event(z), num_iterations * self.num_steps)
+            z = self.step_noise_multiplier(self.step_size, n)
+            return dpa.SelfComposedDpEvent(self._step_event(z, n), num_iterations * self.num_steps)
         t = np.arange(start + 1, start + num_iterations + 1, dtype=np.float64)
-        z = np.array([self.step_noise_multiplier(e) for e in step_size_at(self.step_size,
-                                                                          "decreasing", t)])
+        z = np.array([self.step_noise_multiplier(e, n)
+                      for e in step_size_at(self.step_size, "decreasing", t)])
         # Round z down onto a geometric grid so that equal cells compose at once.
         cells = np.floor(np.log(z) / math.log(Z_GRID_RATIO)).astype(np.int64)
         grid = Z_GRID_RATIO ** cells.astype(np.float64)
@@ -339,21 +398,25 @@ class _StochasticGradientKernel(DPKernel):
         values, counts = np.unique(cells, return_counts=True)
         return dpa.ComposedDpEvent([
             dpa.SelfComposedDpEvent(
-                self._step_event(float(Z_GRID_RATIO ** float(c))), int(k) * self.num_steps
+                self._step_event(float(Z_GRID_RATIO ** float(c)), n), int(k) * self.num_steps
             )
             for c, k in zip(values, counts, strict=True)
         ])
+
+    def budget_advice(self) -> str:
+        return (
+            "run fewer iterations or chains, or raise the noise through the "
+            "dynamics: a smaller step_size, grad_clip or batch_size (this kernel has "
+            "no noise_multiplier), or state a larger budget"
+        )
 
     # ----------------------------------------------------------- sampling
     def _grad_kwargs(self) -> dict:
         return {
             "batch_size": self.batch_size, "batching": self.batching,
             "grad_clip": self.grad_clip, "temperature": self.temperature,
-            "grad_route": self.grad_route,
+            "grad_route": self.grad_route, "sum_noise": self.sum_noise,
         }
-
-    def _core(self, pm: PrivateModel) -> tuple[Callable, Callable]:
-        raise NotImplementedError
 
     def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
         pm = super().prepare(model_args, model_kwargs)
@@ -362,14 +425,6 @@ class _StochasticGradientKernel(DPKernel):
                 f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}."
             )
         return pm
-
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        # The dynamics fix the noise, so there is no noise multiplier to wait for.
-        pm = self._require_runner(noise_multiplier=math.inf)
-        init_fn, sample_fn = self._core(pm)
-        return self._init_chains(
-            rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn
-        )
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"step size={state.step_size:.2e}"
@@ -422,14 +477,14 @@ class DPSGLD(_StochasticGradientKernel):
 """
 
     def _noise_scale(self, eta):
-        return math.sqrt(eta)
+        return eta**0.5
 
     def _gradient_coefficient(self, eta):
         return 0.5 * eta
 
-    def _core(self, pm):
-        return dp_sgld(pm, step_size=self.step_size, schedule=self.step_schedule,
-                       **self._grad_kwargs())
+    def _core(self, num_warmup):
+        return dp_sgld(self._private_model, step_size=self.step_size,
+                       schedule=self.step_schedule, **self._grad_kwargs())
 
 
 class DPSGHMC(_StochasticGradientKernel):
@@ -463,12 +518,12 @@ class DPSGHMC(_StochasticGradientKernel):
         self.friction = check_positive("friction", friction, "it is C_f, e.g. 1.0.")
 
     def _noise_scale(self, eta):
-        return math.sqrt(2.0 * self.friction * eta)
+        return (2.0 * self.friction * eta) ** 0.5
 
-    def _core(self, pm):
-        return dp_sghmc(pm, step_size=self.step_size, schedule=self.step_schedule,
-                        num_steps=self.num_steps, friction=self.friction,
-                        **self._grad_kwargs())
+    def _core(self, num_warmup):
+        return dp_sghmc(self._private_model, step_size=self.step_size,
+                        schedule=self.step_schedule, num_steps=self.num_steps,
+                        friction=self.friction, **self._grad_kwargs())
 
 
 class DPSGNHT(_StochasticGradientKernel):
@@ -498,9 +553,9 @@ class DPSGNHT(_StochasticGradientKernel):
         self.diffusion = check_positive("diffusion", diffusion, "it is A, e.g. 1.0.")
 
     def _noise_scale(self, eta):
-        return math.sqrt(2.0 * self.diffusion * eta)
+        return (2.0 * self.diffusion * eta) ** 0.5
 
-    def _core(self, pm):
-        return dp_sgnht(pm, step_size=self.step_size, schedule=self.step_schedule,
-                        num_steps=self.num_steps, diffusion=self.diffusion,
-                        **self._grad_kwargs())
+    def _core(self, num_warmup):
+        return dp_sgnht(self._private_model, step_size=self.step_size,
+                        schedule=self.step_schedule, num_steps=self.num_steps,
+                        diffusion=self.diffusion, **self._grad_kwargs())
