@@ -40,12 +40,8 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC, NUTS, init_to_value
 from scipy.stats import norm
 
-from numpyro_dp.accounting import (
-    LedgerEntry,
-    PrivacyLedger,
-    calibrate_noise_multiplier,
-    check_neighbourhood,
-)
+from numpyro_dp.accounting import calibrate_noise_multiplier, check_neighbourhood
+from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
 from numpyro_dp.mechanisms import (
     Release,
     charge,

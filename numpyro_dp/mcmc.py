@@ -9,15 +9,13 @@ import numpy as np
 from numpyro.infer import MCMC
 
 from numpyro_dp.accounting import (
-    LedgerEntry,
     PrivacyBudgetError,
-    PrivacyLedger,
-    PrivacySpent,
     calibrate_noise_multiplier,
     check_budget,
     max_iterations,
 )
 from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 
 
 class PrivateMCMC(MCMC):

@@ -1,7 +1,7 @@
 """One-shot releases of statistics: Gaussian, Laplace, randomized response (SPEC s9).
 
 Each mechanism returns a :class:`Release`: the noisy value, its noise scale
-and a :class:`~numpyro_dp.accounting.LedgerEntry` in the conventions of the
+and a :class:`~numpyro_dp.ledger.LedgerEntry` in the conventions of the
 MCMC kernels, so that a release and a DP-MCMC run can be charged to one
 budget (``release.charge_to(ledger)``, then ``PrivateMCMC(..., ledger=ledger)``).
 Inference on the release (e.g. NumPyro's NUTS on a noise-aware model) is
@@ -26,13 +26,12 @@ import numpy as np
 from jax import random
 
 from numpyro_dp.accounting import (
-    LedgerEntry,
-    PrivacyLedger,
     calibrate_noise_multiplier,
     check_budget,
     check_neighbourhood,
     sensitivity_factor,
 )
+from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
 
 
 class Release(NamedTuple):
