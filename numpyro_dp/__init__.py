@@ -27,7 +27,7 @@ from numpyro_dp.kernels.barker import (
     barker_max_batch_size,
     barker_max_iterations,
 )
-from numpyro_dp.ledger import PrivacyLedger, PrivacySpent
+from numpyro_dp.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
 from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
@@ -49,6 +49,7 @@ __all__ = [
     "DPSGLD",
     "DPSGNHT",
     "DPSGState",
+    "LedgerCorruptedError",
     "ModelSpecificationError",
     "PrivacyBudgetError",
     "PrivacyLedger",
