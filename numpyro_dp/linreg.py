@@ -101,7 +101,11 @@ class LinRegRelease(NamedTuple):
     neighbourhood: str
 
     def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Record this release in ``ledger`` (e.g. one shared with a PrivateMCMC)."""
+        """Charge this release to ``ledger`` (e.g. one shared with a PrivateMCMC).
+
+        Raises :class:`~numpyro_dp.PrivacyBudgetError` if the ledger's budget
+        cannot pay for it: the value must then not be published.
+        """
         charge(ledger, self.entry, self.neighbourhood)
 
 

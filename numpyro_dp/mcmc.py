@@ -45,9 +45,12 @@ class PrivateMCMC(MCMC):
         Privacy accountant (``"pld"`` is tight).
     ledger : PrivacyLedger, optional
         An existing ledger to charge, e.g. one that already holds a one-shot
-        release of :mod:`numpyro_dp.mechanisms` on the same data.  ``epsilon``
-        is then the budget of everything in it together: calibration and the
-        budget check count what it holds.  Its delta, neighbourhood and
+        release of :mod:`numpyro_dp.mechanisms` on the same data, or a file
+        ledger (:meth:`PrivacyLedger.open`) that persists across sessions.
+        ``epsilon`` is then the budget of everything in it together:
+        calibration and the budget check count what it holds; a budget stored
+        in the ledger applies too (the smaller one wins, and it stands for
+        ``epsilon`` when that is omitted).  Its delta, neighbourhood and
         accountant apply (``delta`` may be omitted; a different one is refused).
 
     Notes
@@ -94,6 +97,8 @@ class PrivateMCMC(MCMC):
                     "build the kernel with the ledger's neighbourhood."
                 )
             delta, accountant = ledger.delta, ledger.accountant
+            if ledger.budget is not None:
+                epsilon = ledger.budget if epsilon is None else min(epsilon, ledger.budget)
         if delta is None:
             raise ValueError(
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
@@ -178,24 +183,24 @@ class PrivateMCMC(MCMC):
             type(kernel).__name__, phase, self.num_chains, iterations,
             kernel.per_iteration_event(), kernel.run_event(iterations, start),
         )
-        if self.epsilon is not None:
+        try:
+            self._ledger.charge(entry, budget=self.epsilon)  # on disk for a file ledger
+        except PrivacyBudgetError as err:
             after = self._ledger.epsilon([entry])
-            if after > self.epsilon:
-                spent = self._ledger.epsilon() if self._ledger.entries else 0.0
-                affordable = max_iterations(
-                    lambda k: kernel.run_event(k, start), self.epsilon, self.delta, self.num_chains,
-                    self._ledger.neighbourhood, self._ledger.accountant,
-                    spent=self._ledger.event(),
-                )
-                raise PrivacyBudgetError(
-                    f"This call would run {self.num_chains} chain(s) x {iterations} "
-                    f"iterations and bring the total to epsilon={after:.4g} > budget "
-                    f"{self.epsilon:.4g} (delta={self.delta:.3g}; spent so far: "
-                    f"{spent:.4g}). The budget affords {affordable} more iterations per "
-                    "chain at this noise level: run fewer iterations or chains, raise "
-                    "noise_multiplier, or state a larger budget."
-                )
-        self._ledger.record(entry)
+            spent = self._ledger.epsilon() if self._ledger.entries else 0.0
+            affordable = max_iterations(
+                lambda k: kernel.run_event(k, start), self.epsilon, self.delta, self.num_chains,
+                self._ledger.neighbourhood, self._ledger.accountant,
+                spent=self._ledger.event(),
+            )
+            raise PrivacyBudgetError(
+                f"This call would run {self.num_chains} chain(s) x {iterations} "
+                f"iterations and bring the total to epsilon={after:.4g} > budget "
+                f"{self.epsilon:.4g} (delta={self.delta:.3g}; spent so far: "
+                f"{spent:.4g}). The budget affords {affordable} more iterations per "
+                "chain at this noise level: run fewer iterations or chains, raise "
+                "noise_multiplier, or state a larger budget."
+            ) from err
 
     def privacy_spent(self) -> PrivacySpent:
         """What all charged calls of this runner have spent together."""

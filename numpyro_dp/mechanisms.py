@@ -56,19 +56,23 @@ class Release(NamedTuple):
     neighbourhood: str
 
     def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Record this release in ``ledger`` (e.g. one shared with a PrivateMCMC)."""
+        """Charge this release to ``ledger`` (e.g. one shared with a PrivateMCMC).
+
+        Raises :class:`~numpyro_dp.PrivacyBudgetError` if the ledger's budget
+        cannot pay for it: the value must then not be published.
+        """
         charge(ledger, self.entry, self.neighbourhood)
 
 
 def charge(ledger: PrivacyLedger, entry: LedgerEntry, neighbourhood: str) -> None:
-    """Record ``entry`` in ``ledger`` after checking that the neighbourhoods agree."""
+    """Charge ``entry`` to ``ledger`` after checking that the neighbourhoods agree."""
     if ledger.neighbourhood != neighbourhood:
         raise ValueError(
             f"The release was calibrated for the {neighbourhood!r} neighbourhood but "
             f"the ledger is kept under {ledger.neighbourhood!r}; release again with "
             "the ledger's neighbourhood (its sensitivity differs)."
         )
-    ledger.record(entry)
+    ledger.charge(entry)
 
 
 def release_entry(name: str, event: dpa.DpEvent) -> LedgerEntry:

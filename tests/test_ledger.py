@@ -14,9 +14,12 @@ from pathlib import Path
 
 import dp_accounting as dpa
 import pytest
+from conftest import logistic_model, make_logistic_data
+from jax import random
 
 import numpyro_dp as ndp
 from numpyro_dp import accounting as acc
+from numpyro_dp import mechanisms as mech
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, event_from_json, event_to_json
 from numpyro_dp.rdp import BarkerDpEvent
 
@@ -282,6 +285,34 @@ def test_a_replaced_file_is_not_taken_for_the_opened_ledger(tmp_path):
     os.replace(other, path)
     with pytest.raises(ndp.LedgerCorruptedError, match="line 1: .*replaced"):
         ledger.charge(gauss())
+
+
+def test_runs_and_releases_pay_from_a_stored_budget_across_sessions(tmp_path):
+    """PrivateMCMC charges a file ledger before running; a later session (a new
+    ledger object, runner and kernel) cannot spend the budget again."""
+    path = tmp_path / "ledger.jsonl"
+    X, y = make_logistic_data(200, 2)
+
+    def session(num_samples, epsilon=None):
+        ledger = PrivacyLedger.open(path, delta=1e-5, epsilon=1.0)
+        kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=30.0)
+        mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=num_samples, ledger=ledger,
+                               epsilon=epsilon, progress_bar=False)
+        mcmc.run(random.PRNGKey(0), X, y)
+        return ledger, mcmc
+
+    ledger, mcmc = session(20)
+    assert mcmc.epsilon == 1.0 and len(ledger.entries) == 1
+    assert PrivacyLedger.open(path).epsilon() == mcmc.privacy_spent().epsilon < 1.0
+    with pytest.raises(ndp.PrivacyBudgetError, match="affords"):
+        session(200)
+    with pytest.raises(ndp.PrivacyBudgetError):  # a tighter budget of this run
+        session(20, epsilon=mcmc.privacy_spent().epsilon)
+    release = mech.gaussian_mechanism(random.PRNGKey(1), X.sum(0), mech.sum_sensitivity(1.0),
+                                      noise_multiplier=1.0)
+    with pytest.raises(ndp.PrivacyBudgetError):
+        release.charge_to(ledger)
+    assert len(PrivacyLedger.open(path).entries) == 1
 
 
 # ------------------------------------------------------------ concurrency
