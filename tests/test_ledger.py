@@ -415,3 +415,10 @@ def test_ledgers_pickle(tmp_path):
         assert copy.entries == ledger.entries and copy.path == ledger.path
         copy.charge(gauss())
     assert len(memory.entries) == 1 and len(file.entries) == 2  # the copy shares the file
+
+
+def test_file_ledgers_need_posix_locks(tmp_path, monkeypatch):
+    monkeypatch.setattr("numpyro_dp.ledger.fcntl", None)
+    with pytest.raises(NotImplementedError, match="fcntl"):
+        PrivacyLedger.open(tmp_path / "ledger.jsonl", delta=DELTA)
+    assert not (tmp_path / "ledger.jsonl").exists()
