@@ -3,8 +3,6 @@
 from numpyro_dp import diagnostics, linreg, mechanisms, models
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
-    PrivacyLedger,
-    PrivacySpent,
     calibrate_noise_multiplier,
     epsilon_spent,
     max_iterations,
@@ -29,6 +27,7 @@ from numpyro_dp.kernels.barker import (
     barker_max_batch_size,
     barker_max_iterations,
 )
+from numpyro_dp.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
 from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
@@ -50,6 +49,7 @@ __all__ = [
     "DPSGLD",
     "DPSGNHT",
     "DPSGState",
+    "LedgerCorruptedError",
     "ModelSpecificationError",
     "PrivacyBudgetError",
     "PrivacyLedger",

@@ -35,8 +35,10 @@ def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData:
         collected scalar fields that the kernel declares safe; ``attrs``: the
         privacy spent (``epsilon``, ``delta``, ``neighbourhood``,
         ``accountant``, ``num_releases``, ``noise_multipliers`` and the whole
-        ledger as JSON in ``privacy_ledger``), on the ``InferenceData`` and on
-        its ``posterior`` group.  There is no ``observed_data`` and no
+        ledger as JSON in ``privacy_ledger``) and ``reproducible_noise`` (1 if
+        any charged run drew its noise from the test-only reproducible source,
+        which makes the draws not private; else 0), on the ``InferenceData``
+        and on its ``posterior`` group.  There is no ``observed_data`` and no
         ``log_likelihood``.
     """
     if not isinstance(mcmc, PrivateMCMC):
@@ -58,6 +60,8 @@ def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData:
         "num_releases": spent.num_releases,
         "noise_multipliers": list(spent.noise_multipliers),
         "privacy_ledger": spent.to_json(),
+        # netCDF attributes hold no booleans
+        "reproducible_noise": int(any(e.reproducible_noise for e in spent.ledger)),
         "inference_library": "numpyro_dp",
         "sampler": type(mcmc.sampler).__name__,
     }

@@ -40,12 +40,8 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC, NUTS, init_to_value
 from scipy.stats import norm
 
-from numpyro_dp.accounting import (
-    LedgerEntry,
-    PrivacyLedger,
-    calibrate_noise_multiplier,
-    check_neighbourhood,
-)
+from numpyro_dp.accounting import calibrate_noise_multiplier, check_neighbourhood
+from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
 from numpyro_dp.mechanisms import (
     Release,
     charge,
@@ -105,7 +101,11 @@ class LinRegRelease(NamedTuple):
     neighbourhood: str
 
     def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Record this release in ``ledger`` (e.g. one shared with a PrivateMCMC)."""
+        """Charge this release to ``ledger`` (e.g. one shared with a PrivateMCMC).
+
+        Raises :class:`~numpyro_dp.PrivacyBudgetError` if the ledger's budget
+        cannot pay for it: the value must then not be published.
+        """
         charge(ledger, self.entry, self.neighbourhood)
 
 

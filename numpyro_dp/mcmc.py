@@ -15,16 +15,14 @@ from numpyro.infer import MCMC
 from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import (
-    LedgerEntry,
     PrivacyBudgetError,
-    PrivacyLedger,
-    PrivacySpent,
     calibrate_noise_multiplier,
     check_budget,
     epsilon_spent,
     max_iterations,
 )
 from numpyro_dp.kernels.base import DPKernel, RunInputs
+from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.secret import run_secret
 
 #: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
@@ -159,13 +157,15 @@ class PrivateMCMC(MCMC):
     accountant : {"pld", "rdp"}
         Privacy accountant (``"pld"`` is tight).
     ledger : PrivacyLedger, optional
-        An existing ledger to charge, e.g. a persistent one
-        (``PrivacyLedger.open(path)``) or one that already holds a one-shot
-        release of :mod:`numpyro_dp.mechanisms` on the same data.  ``epsilon``
-        is then the budget of everything in it together (the ledger's own
-        budget, if it has one, applies too): calibration and the budget check
-        count what it holds.  Its delta, neighbourhood and accountant apply
-        (``delta`` may be omitted; a different one is refused).
+        An existing ledger to charge: a persistent one
+        (:meth:`PrivacyLedger.open`, the way to work in a notebook: it survives
+        restarts and re-run cells) or one that already holds a one-shot release
+        of :mod:`numpyro_dp.mechanisms` on the same data.  ``epsilon`` is then
+        the budget of everything in it together: calibration and the budget
+        check count what it holds; a budget stored in the ledger applies too
+        (the smaller one wins, and it stands for ``epsilon`` when that is
+        omitted).  Its delta, neighbourhood and accountant apply (``delta``
+        may be omitted; a different one is refused).
     reproducible_noise : bool
         For tests and debugging only: derive the noise from ``rng_key`` so that
         a run can be repeated exactly.  Anyone who knows the key can then remove
@@ -226,14 +226,8 @@ class PrivateMCMC(MCMC):
                     "build the kernel with the ledger's neighbourhood."
                 )
             delta, accountant = ledger.delta, ledger.accountant
-            budget = getattr(ledger, "budget", None)
-            if epsilon is None:
-                epsilon = budget
-            elif budget is not None and epsilon > budget:
-                raise ValueError(
-                    f"epsilon={epsilon} exceeds the ledger's budget {budget}; omit "
-                    "epsilon= to use the ledger's, or state a smaller one."
-                )
+            if ledger.budget is not None:
+                epsilon = ledger.budget if epsilon is None else min(epsilon, ledger.budget)
         if delta is None:
             raise ValueError(
                 "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
@@ -405,6 +399,7 @@ class PrivateMCMC(MCMC):
         return LedgerEntry(
             type(kernel).__name__, phase, self.num_chains, iterations,
             kernel.per_iteration_event(z), kernel.run_event(iterations, start, z),
+            reproducible_noise=self.reproducible_noise,
         )
 
     def _charge(self, iterations: int, phase: str) -> None:
@@ -419,7 +414,10 @@ class PrivateMCMC(MCMC):
             fits, after = self._fits(entry)
             if not fits:
                 raise self._over_budget(iterations, start, z, after)
-        self._ledger.record(entry)
+        try:  # atomic check and append; on disk before the run for a file ledger
+            self._ledger.charge(entry, budget=self.epsilon)
+        except PrivacyBudgetError as err:  # another process charged in the meantime
+            raise self._over_budget(iterations, start, z, self._ledger.epsilon([entry])) from err
         # Bound only once something is charged: a refused run leaves the kernel free.
         kernel._charged_by = self
         if calibrated is not None:

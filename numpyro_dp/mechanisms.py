@@ -1,7 +1,7 @@
 """One-shot releases of statistics: Gaussian, Laplace, randomized response (SPEC s9).
 
 Each mechanism returns a :class:`Release`: the noisy value, its noise scale
-and a :class:`~numpyro_dp.accounting.LedgerEntry` in the conventions of the
+and a :class:`~numpyro_dp.ledger.LedgerEntry` in the conventions of the
 MCMC kernels, so that a release and a DP-MCMC run can be charged to one
 budget (``release.charge_to(ledger)``, then ``PrivateMCMC(..., ledger=ledger)``).
 Inference on the release (e.g. NumPyro's NUTS on a noise-aware model) is
@@ -26,13 +26,12 @@ import numpy as np
 from jax import random
 
 from numpyro_dp.accounting import (
-    LedgerEntry,
-    PrivacyLedger,
     calibrate_noise_multiplier,
     check_budget,
     check_neighbourhood,
     sensitivity_factor,
 )
+from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
 
 
 class Release(NamedTuple):
@@ -57,19 +56,23 @@ class Release(NamedTuple):
     neighbourhood: str
 
     def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Record this release in ``ledger`` (e.g. one shared with a PrivateMCMC)."""
+        """Charge this release to ``ledger`` (e.g. one shared with a PrivateMCMC).
+
+        Raises :class:`~numpyro_dp.PrivacyBudgetError` if the ledger's budget
+        cannot pay for it: the value must then not be published.
+        """
         charge(ledger, self.entry, self.neighbourhood)
 
 
 def charge(ledger: PrivacyLedger, entry: LedgerEntry, neighbourhood: str) -> None:
-    """Record ``entry`` in ``ledger`` after checking that the neighbourhoods agree."""
+    """Charge ``entry`` to ``ledger`` after checking that the neighbourhoods agree."""
     if ledger.neighbourhood != neighbourhood:
         raise ValueError(
             f"The release was calibrated for the {neighbourhood!r} neighbourhood but "
             f"the ledger is kept under {ledger.neighbourhood!r}; release again with "
             "the ledger's neighbourhood (its sensitivity differs)."
         )
-    ledger.record(entry)
+    ledger.charge(entry)
 
 
 def release_entry(name: str, event: dpa.DpEvent) -> LedgerEntry:
