@@ -1,6 +1,6 @@
 """numpyro-dp: differentially private MCMC for NumPyro models."""
 
-from numpyro_dp import diagnostics, linreg, mechanisms, models
+from numpyro_dp import diagnostics, linreg, mechanisms, models, secret
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
     calibrate_noise_multiplier,
@@ -28,7 +28,7 @@ from numpyro_dp.kernels.barker import (
     barker_max_iterations,
 )
 from numpyro_dp.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
-from numpyro_dp.mcmc import PrivateMCMC
+from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
 __version__ = "0.1.0"
@@ -54,7 +54,9 @@ __all__ = [
     "PrivacyBudgetError",
     "PrivacyLedger",
     "PrivacySpent",
+    "PrivateDataError",
     "PrivateMCMC",
+    "RunPlan",
     "PrivateModel",
     "calibrate_noise_multiplier",
     "diagnostics",
@@ -63,5 +65,6 @@ __all__ = [
     "max_iterations",
     "mechanisms",
     "models",
+    "secret",
     "to_inference_data",
 ]

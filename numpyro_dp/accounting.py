@@ -530,14 +530,15 @@ def max_iterations(
         )
         return epsilon_spent(ev, delta, neighbourhood, accountant, interval) <= epsilon
 
+    cap = 2**62
+
     def largest(interval, lo, hi=None):
         """Largest k >= lo that fits on this grid (``lo`` known to fit, ``hi`` not)."""
-        if hi is None:
-            hi = 2 * lo
-            while fits(hi, interval):
-                lo, hi = hi, hi * 2
-                if hi > 2**62:
-                    return lo
+        hi = 2 * lo if hi is None else hi
+        while hi <= cap and fits(hi, interval):
+            lo, hi = hi, hi * 2
+        if hi > cap:
+            return lo
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid, interval) else (lo, mid)
@@ -552,10 +553,7 @@ def max_iterations(
     if not fits(lo, close):  # grids need not be nested: start again on the close one
         return largest(close, 1)
     # The close grid's answer lies between the coarse one and a few percent above.
-    hi = max(lo + 1, int(lo * 1.25) + 1)
-    while fits(hi, close):
-        lo, hi = hi, 2 * hi
-    return largest(close, lo, hi)
+    return largest(close, lo, max(lo + 1, int(lo * 1.25) + 1))
 
 
 # The ledger lives in numpyro_dp.ledger, which imports from this module: the

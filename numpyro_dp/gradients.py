@@ -8,11 +8,11 @@ row's influence.
 
 This module builds, once per model, a function
 ``clipped_sum(theta, clip, model_args, model_kwargs) -> (hi, lo)`` by one of two
-exact routes.  The sum of the clipped rows is accumulated in double-word
-arithmetic (:func:`numpyro_dp.rounding.dw_sum`), so that rounding moves it by a
-proven, negligible bound instead of up to ``n u`` of its size; the pair
-``(hi, lo)`` goes to :func:`numpyro_dp.kernels.base.release_clipped_sum`, which
-charges that bound.
+exact routes.  The clipped rows are summed by
+:func:`numpyro_dp.rounding.exact_sum` (each rounded to a fine grid, then added
+without rounding) instead of in floating point, whose error grows like ``n u``
+of the sum's size; the pair ``(hi, lo)`` goes to
+:func:`numpyro_dp.kernels.base.release_clipped_sum`, which charges the grid.
 
 ``"jacobian"`` (general)
     The rows of the per-row Jacobian ``J`` (rows x d), i.e. every row's
@@ -92,7 +92,7 @@ from jax.extend.core import Literal
 from jax.flatten_util import ravel_pytree
 
 from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import dw_sum
+from numpyro_dp.rounding import dw_sum, exact_sum, unit_roundoff
 
 ROUTES = ("auto", "jacobian", "linear_predictor")
 
@@ -107,6 +107,15 @@ def clip_weights(norms: jax.Array, clip: jax.Array) -> jax.Array:
     finite = jnp.isfinite(norms)
     safe = jnp.where(finite & (norms > 0), norms, 1.0)
     return jnp.where(finite, jnp.minimum(1.0, clip / safe), 0.0)
+
+
+def vector_clip_bound(clip, dim: int, dtype):
+    """Norm bound of a vector clipped to ``clip`` in floating point.
+
+    ``g * min(1, clip / ||g||)`` computed with rounding has norm at most
+    ``clip (1 + (d + 8) u)`` (the norm's own error is below ``(d/2 + 1) u``).
+    """
+    return clip * (1.0 + (dim + 8) * unit_roundoff(dtype))
 
 
 def _masked(weights: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -142,12 +151,14 @@ def _jacobian_route(pm: PrivateModel) -> Callable:
         n = rows[0].shape[0]
         mask = jnp.ones(n, bool) if mask is None else mask
 
+        bound = vector_clip_bound(clip, theta.shape[0], theta.dtype)
+
         def block_sum(block):  # rows of the per-row Jacobian, clipped and summed
             *block_rows, block_mask = block
             jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
             weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), block_mask)
             jac = jnp.where(jnp.isfinite(jac), jac, 0.0)
-            return dw_sum(weights.astype(jac.dtype)[:, None] * jac)
+            return exact_sum(weights.astype(jac.dtype)[:, None] * jac, bound, n)
 
         arrays = rows + [mask]
         full = n - n % ROW_BLOCK
@@ -539,14 +550,16 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
         a = A[:, 0, :]
         weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
-        return dw_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0))
+        return exact_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0),
+                         vector_clip_bound(clip, theta.shape[0], dtype))
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
     rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
-    return dw_sum(weights.astype(dtype)[:, None] * rows_grad)
+    return exact_sum(weights.astype(dtype)[:, None] * rows_grad,
+                     vector_clip_bound(clip, theta.shape[0], dtype))
 
 
 def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:

@@ -430,8 +430,11 @@ class PrivateModel:
             out.update({("jacobian", n): v for n, v in log_dets.items()})
             return out
 
-        captured = [shape for shape in captured_shapes(probe, example_u, rows)
-                     if len(shape) >= 1 and shape[0] == self.num_rows]
+        def log_density(params, row_leaves):  # the whole model, likelihood included
+            return self._split(params, *self._with_rows(leaves, treedef, row_leaves))
+
+        captured = [shape for shape in captured_shapes(log_density, example_u, rows)
+                    if len(shape) >= 1 and shape[0] == self.num_rows]
         if self.num_rows > 1 and captured:
             raise ModelSpecificationError(
                 f"The model reads an array with one entry per row ({self.num_rows} rows) "

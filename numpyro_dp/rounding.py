@@ -13,12 +13,18 @@ ordinary floating point break that:
 
 This module fixes both, for any working precision (float32 or float64):
 
-* :func:`dw_sum` sums per-row terms pairwise in *double-word* arithmetic
-  (each partial sum is an unevaluated pair ``hi + lo``; Joldes, Muller &
-  Popescu 2017, Alg. 6), with the error bound :func:`dw_sum_error`
-  ``<= 4 ceil(log2 n) u^2 sum |x_i|`` (``u = 2^-24`` or ``2^-53``): 1e-5 of one
-  row's clip at ``n = 3e7`` in float32.  Releases charge this bound in their
-  sensitivity (twice: once per data set).
+* :func:`exact_sum` sums per-row terms *exactly*: each row's term is first
+  rounded to a grid ``q`` about ``2^-20`` (float32) or ``2^-40`` (float64) of
+  its bound, which changes that row alone (privacy-free; the norm bound grows
+  by ``sqrt(d) q / 2``, charged), then the integers are summed in blocks in
+  ``int32``/``int64`` and the block totals in double-word arithmetic, both
+  without rounding.  It costs a few passes over the terms, fused by XLA.
+* :func:`dw_sum` sums floats pairwise in *double-word* arithmetic (each partial
+  sum an unevaluated pair ``hi + lo``; Joldes, Muller & Popescu 2017, Alg. 6),
+  with the error bound :func:`dw_sum_error` ``<= 4 (ceil(log2 n) + 2) u^2 sum
+  |x_i|`` (``u = 2^-24`` or ``2^-53``).  It is slow on long arrays (strided
+  levels) and is used for short ones: batch statistics, block totals, one-shot
+  releases.
 * :func:`grid_release` rounds the statistic to a grid of step ``q`` (a power of
   two far below its sensitivity; the rounding is charged too) and adds noise
   rounded to the same grid, ``q round(sigma N / q)``, in exact integer
@@ -127,6 +133,55 @@ def dw_round(hi, lo):
     return two_sum(r, frac)
 
 
+#: Bits of a row's bound kept by :func:`exact_sum` (float32, float64), at most.
+ROW_BITS = {24: 20, 53: 40}
+
+
+def row_quantum(row_bound, num_terms: int, dtype):
+    """Per-row grid ``q = 2^(ceil(log2 row_bound) - k)`` of :func:`exact_sum`.
+
+    ``k = min(ROW_BITS, 2p - HEADROOM - 1 - ceil(log2 n))``, so that the sum of
+    ``n`` rows, in units of ``q``, stays an exact double-word integer (float32:
+    ``k = 20`` up to ``n = 2^21``, 16 at ``n = 3e7``).
+    """
+    dtype = jnp.dtype(dtype).type
+    p = significand_bits(dtype)
+    k = min(ROW_BITS[p], 2 * p - HEADROOM - 1 - math.ceil(math.log2(max(num_terms, 2))))
+    bound = jnp.maximum(row_bound, jnp.finfo(dtype).tiny)
+    return _exp2(_ceil_log2(bound, dtype) - k, dtype)
+
+
+def exact_sum(terms: jax.Array, row_bound, num_terms: int | None = None):
+    """Sum over the leading axis of ``terms``, each row rounded to :func:`row_quantum`.
+
+    ``(hi, lo)``: the exact sum of the rounded rows as a double-word pair.
+    Every row must have norm at most ``row_bound`` (its rounding adds at most
+    ``sqrt(d) q / 2``).  ``num_terms`` (default: the rows given) fixes ``q``:
+    pass the total when the rows are summed in several calls whose results are
+    added (their grids then agree and the sum stays exact).
+    """
+    terms = jnp.asarray(terms)
+    dtype = terms.dtype
+    n = terms.shape[0]
+    quantum = row_quantum(row_bound, n if num_terms is None else num_terms, dtype)
+    p = significand_bits(dtype)
+    itype, ibits = (jnp.int32, 31) if p == 24 else (jnp.int64, 63)
+    units = jnp.round(terms / quantum).astype(itype)
+    bits = ROW_BITS[p]
+    block = 2 ** (ibits - bits - 1)  # block totals stay below 2^(ibits - 1)
+    full = n - n % block
+    parts = []
+    if full:
+        parts.append(units[:full].reshape((-1, block) + terms.shape[1:]).sum(1))
+    if full < n or not n:
+        parts.append(units[full:].sum(0, keepdims=True))
+    totals = jnp.concatenate(parts)
+    hi = totals.astype(dtype)
+    lo = (totals - hi.astype(itype)).astype(dtype)  # exact split of each integer
+    s_hi, s_lo = dw_sum(jnp.concatenate([hi, lo]))  # integers below 2^(2p - HEADROOM): exact
+    return s_hi * quantum, s_lo * quantum
+
+
 # ------------------------------------------------------------------ noise
 def _fine_uniform_half(key: jax.Array, shape, dtype):
     """``(u, sign)``: u in (0, 1/2) on a 2^-64 grid with full relative precision."""
@@ -166,22 +221,26 @@ def _ceil_log2(x, dtype):
     return jnp.where(_exp2(e, dtype) < x, e + 1, e)
 
 
+def noise_quantum(sigma, dtype):
+    """Smallest grid step on which noise of scale ``sigma`` (``|N| <= 9.1``) is an
+    exact double-word integer: ``2^(ceil(log2 sigma) - (2p - HEADROOM - 5))``."""
+    dtype = jnp.dtype(dtype).type
+    room = 2 * significand_bits(dtype) - HEADROOM - 5
+    return _exp2(_ceil_log2(jnp.maximum(sigma, jnp.finfo(dtype).tiny), dtype) - room, dtype)
+
+
 def grid_quantum(magnitude_bound, sigma, dtype):
     """Step ``q`` of the grid a statistic is rounded to (a power of two).
 
     Small enough that rounding costs nothing measurable, large enough that the
-    statistic (``|S| <= magnitude_bound``) and the noise (``|sigma N| <= 9.1
-    sigma``) are exact integers in double-word arithmetic:
-    ``q = 2^max(ceil(log2 B) - (2p - HEADROOM), ceil(log2 sigma) - (2p - HEADROOM - 5))``.
+    statistic (``|S| <= magnitude_bound``) and the noise are exact integers in
+    double-word arithmetic: the larger of ``2^(ceil(log2 B) - (2p - HEADROOM))``
+    and :func:`noise_quantum`.
     """
     dtype = jnp.dtype(dtype).type
     room = 2 * significand_bits(dtype) - HEADROOM
-    tiny = jnp.finfo(dtype).tiny
-    e = jnp.maximum(
-        _ceil_log2(jnp.maximum(magnitude_bound, tiny), dtype) - room,
-        _ceil_log2(jnp.maximum(sigma, tiny), dtype) - (room - 5),
-    )
-    return _exp2(e, dtype)
+    bound = jnp.maximum(magnitude_bound, jnp.finfo(dtype).tiny)
+    return jnp.maximum(_exp2(_ceil_log2(bound, dtype) - room, dtype), noise_quantum(sigma, dtype))
 
 
 def grid_release(key, hi, lo, scale, quantum, noise: str = "gaussian") -> jax.Array:

@@ -29,11 +29,11 @@ from numpyro.util import is_prng_key
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.rounding import (
-    dw_sum,
-    dw_sum_error,
-    grid_quantum,
+    exact_sum,
     grid_release,
     grid_sensitivity,
+    noise_quantum,
+    row_quantum,
     unit_roundoff,
 )
 
@@ -66,30 +66,25 @@ def clip_ratios(ratio: jax.Array, clip: jax.Array) -> jax.Array:
     return jnp.clip(jnp.where(jnp.isnan(ratio), -clip, ratio), -clip, clip)
 
 
-def vector_clip_bound(clip, dim: int, dtype):
-    """Norm bound of a vector clipped to ``clip`` in floating point.
-
-    ``g * min(1, clip / ||g||)`` computed with rounding has norm at most
-    ``clip (1 + (d + 8) u)`` (the norm's own error is below ``(d/2 + 1) u``).
-    """
-    return clip * (1.0 + (dim + 8) * unit_roundoff(dtype))
-
-
 def clipped_sum_sensitivity(
     num_terms: int, row_bound, sensitivity_factor: float, dim: int, sigma, dtype
 ):
     """``(Delta, q)``: sensitivity of a released sum *as computed*, and its grid step.
 
-    ``num_terms`` rows, each of l2 norm at most ``row_bound``, summed by
-    :func:`~numpyro_dp.rounding.dw_sum` and rounded to the grid ``q`` chosen for
-    noise of standard deviation about ``sigma``: ``Delta = factor * row_bound +
-    2 E + sqrt(dim) q`` with ``E`` the summation error bound.  The one formula
-    that both a release and its accountant use.
+    ``num_terms`` rows, each of l2 norm at most ``row_bound``, are rounded to
+    the grid :func:`~numpyro_dp.rounding.row_quantum` one by one (a row then has
+    norm at most ``row_bound + sqrt(dim) q_rows / 2``) and summed exactly by
+    :func:`~numpyro_dp.rounding.exact_sum`.  Noise of standard deviation about
+    ``sigma`` needs a grid no finer than :func:`~numpyro_dp.rounding.noise_quantum`;
+    if that is coarser, the sum is rounded to it too, which adds
+    ``sqrt(dim) q`` (both data sets).  The one formula that both a release and
+    its accountant use.
     """
-    magnitude = num_terms * row_bound
-    quantum = grid_quantum(magnitude, sigma, dtype)
-    error = dw_sum_error(num_terms, magnitude, dtype)
-    return sensitivity_factor * row_bound + 2.0 * error + grid_sensitivity(quantum, dim), quantum
+    q_rows = row_quantum(row_bound, num_terms, dtype)
+    quantum = jnp.maximum(q_rows, noise_quantum(sigma, dtype))
+    rows = sensitivity_factor * (row_bound + math.sqrt(dim) * q_rows / 2)
+    coarser = jnp.where(quantum > q_rows, grid_sensitivity(quantum, dim), 0.0)
+    return rows + coarser, quantum
 
 
 def release_clipped_sum(
@@ -108,15 +103,15 @@ def release_clipped_sum(
     key : jax.random key
         A secret noise key (:func:`numpyro_dp.secret.noise_key`).
     total : (hi, lo)
-        ``dw_sum`` of ``num_terms`` rows (zeros for padded rows), each of l2
-        norm at most ``row_bound``.
+        :func:`~numpyro_dp.rounding.exact_sum` of ``num_terms`` rows (zeros for
+        padded rows), each of l2 norm at most ``row_bound``.
     noise_multiplier : float
         ``z``: the noise is ``sigma = z * Delta`` with ``Delta`` the
         sensitivity as computed (:func:`clipped_sum_sensitivity`), rounded up.
 
     Every Gaussian mechanism of the full-data and gradient kernels goes
-    through here (the minibatch kernels' noise is fixed by their dynamics:
-    :func:`release_sum_with_noise`).
+    through here (the stochastic-gradient kernels' noise is fixed by their
+    dynamics: :func:`release_sum_with_noise`).
     """
     hi, lo = total
     dtype = hi.dtype
@@ -137,7 +132,7 @@ def release_sum_with_noise(
     :func:`clipped_sum_sensitivity` at the same ``sigma`` (the accountant's side).
     """
     hi, lo = total
-    quantum = grid_quantum(num_terms * row_bound, sigma, hi.dtype)
+    _, quantum = clipped_sum_sensitivity(num_terms, row_bound, 1.0, 1, sigma, hi.dtype)
     return grid_release(key, hi, lo, sigma, quantum)
 
 
@@ -155,9 +150,9 @@ def release_llr(
     ``sigma = z * Delta`` with ``Delta`` about ``sensitivity_factor * clip``:
     one row moves the clipped sum by at most that much (plus the rounding that
     :func:`clipped_sum_sensitivity` charges).  ``clip_ratios`` keeps every term
-    within ``[-clip, clip]`` exactly.
+    within ``[-clip, clip]``.
     """
-    total = dw_sum(clip_ratios(ratio, clip))
+    total = exact_sum(clip_ratios(ratio, clip), clip)
     value, sigma = release_clipped_sum(
         key, total, ratio.shape[0], clip,
         noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,

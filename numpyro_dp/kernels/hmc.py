@@ -42,7 +42,7 @@ from numpyro.infer.hmc_util import HMCAdaptState, warmup_adapter
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
+from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
     DPKernel,
     check_positive,
@@ -50,7 +50,6 @@ from numpyro_dp.kernels.base import (
     phase_mean,
     release_clipped_sum,
     release_llr,
-    vector_clip_bound,
 )
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.secret import noise_key

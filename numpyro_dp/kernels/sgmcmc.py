@@ -46,13 +46,12 @@ from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.batching import poisson_batch, poisson_buffer_size, sample_without_replacement
-from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn
+from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
     DPKernel,
     check_positive,
     clipped_sum_sensitivity,
     release_sum_with_noise,
-    vector_clip_bound,
 )
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.secret import noise_key

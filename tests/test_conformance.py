@@ -1,0 +1,200 @@
+"""Every kernel releases exactly what it is charged for (issue 17).
+
+Each release of every kernel goes through one of three gates: ``grid_release``
+(the Gaussian releases of the full-data, gradient and stochastic-gradient
+kernels, and the subsampled penalty) and ``barker_decision`` (DP Barker).  The
+tests route them through a counter that runs *inside* the compiled sampler
+(``jax.debug.callback``, once per chain under ``vmap``), and compare the count
+with what the ledger charged, for every kernel and configuration (both
+neighbourhoods where supported, full data and minibatches): 1 chain
+(``warmup()`` then ``run()``), 2 chains sequential, 4 chains vectorized with a
+continuation from ``post_warmup_state``, and a refused run.  Chain method
+``"parallel"`` runs in a subprocess with two forced host devices (on one device
+NumPyro falls back to sequential chains).
+"""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+from conftest import logistic_model, make_logistic_data
+
+import numpyro_dp as ndp
+from numpyro_dp.kernels import barker, base, penalty
+
+N = 120
+
+#: name -> (kernel factory(neighbourhood), neighbourhoods, accountant, releases per iteration)
+KERNELS = {
+    "DPPenalty": (
+        lambda nb: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+                                 noise_multiplier=2.0, neighbourhood=nb),
+        ("substitute", "add_remove"), "pld", 1),
+    "DPPenalty-guided": (
+        lambda nb: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+                                 proposal="guided", noise_multiplier=2.0, neighbourhood=nb),
+        ("substitute",), "pld", 1),
+    "DPPenalty-batch": (
+        lambda nb: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+                                 batch_size=40, temperature=0.3, noise_multiplier=2.0),
+        ("substitute",), "rdp", 1),
+    "DPBarker": (
+        lambda nb: ndp.DPBarker(logistic_model, batch_size=60, proposal_scale=0.05, n0=30),
+        ("substitute",), "rdp", 1),
+    "DPHMC": (
+        lambda nb: ndp.DPHMC(logistic_model, step_size=0.05, num_steps=2, grad_clip=1.0,
+                             llr_clip=1.0, noise_multiplier_grad=3.0,
+                             noise_multiplier_llr=2.0, neighbourhood=nb),
+        ("substitute", "add_remove"), "pld", 2 + 2),
+    "DPMALA": (
+        lambda nb: ndp.DPMALA(logistic_model, step_size=0.05, grad_clip=1.0, llr_clip=1.0,
+                              noise_multiplier_grad=3.0, noise_multiplier_llr=2.0,
+                              neighbourhood=nb),
+        ("substitute", "add_remove"), "pld", 3),
+    "DPSGLD-poisson": (
+        lambda nb: ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+                              neighbourhood=nb),
+        ("substitute", "add_remove"), "pld", 1),
+    "DPSGLD-without-replacement": (
+        lambda nb: ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+                              batching="without_replacement"),
+        ("substitute",), "rdp", 1),
+    "DPSGHMC": (
+        lambda nb: ndp.DPSGHMC(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+                               num_steps=2, neighbourhood=nb),
+        ("substitute", "add_remove"), "pld", 2),
+    "DPSGNHT-decreasing": (
+        lambda nb: ndp.DPSGNHT(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+                               num_steps=2, step_schedule="decreasing", neighbourhood=nb),
+        ("substitute",), "pld", 2),
+}
+@pytest.fixture(scope="module")
+def data():
+    return make_logistic_data(N, 2, seed=11)
+
+
+@pytest.fixture
+def releases(monkeypatch):
+    """Count the releases made at run time (one per chain under vmap)."""
+    made = []
+
+    def record(_):
+        made.append(1)
+
+    def counted(gate):
+        @functools.wraps(gate)
+        def wrapper(key, *args, **kwargs):
+            # The (secret, per-chain) key is batched under vmap: one call per chain.
+            jax.debug.callback(record, jax.random.key_data(key))
+            return gate(key, *args, **kwargs)
+        return wrapper
+
+    for module in (base, penalty):
+        monkeypatch.setattr(module, "grid_release", counted(module.grid_release))
+    monkeypatch.setattr(barker, "barker_decision", counted(barker.barker_decision))
+    return made
+
+
+def runner(name, nb, chains, method, **kwargs):
+    make, _, accountant, _ = KERNELS[name]
+    options = {"num_warmup": 2, "num_samples": 3, "delta": 1e-4, "progress_bar": False,
+               "accountant": accountant, **kwargs}
+    return ndp.PrivateMCMC(make(nb), num_chains=chains, chain_method=method, **options)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_releases_made_equal_releases_charged(data, releases, name):
+    X, y = data
+    per_iteration = KERNELS[name][3]
+    key = jax.random.PRNGKey(0)
+
+    # 1 chain: warmup() then run()
+    mcmc = runner(name, "substitute", 1, "sequential")
+    mcmc.warmup(key, X, y=y)
+    assert (len(releases), mcmc.privacy_spent().num_releases) == (2 * per_iteration,) * 2
+    mcmc.run(key, X, y=y)
+    assert len(releases) == mcmc.privacy_spent().num_releases == 5 * per_iteration
+
+    # 2 chains, sequential
+    mcmc = runner(name, "substitute", 2, "sequential")
+    start = len(releases)
+    mcmc.run(key, X, y=y)
+    assert len(releases) - start == mcmc.privacy_spent().num_releases == 2 * 5 * per_iteration
+
+    # 4 chains, vectorized: a run, then a continuation from post_warmup_state
+    mcmc = runner(name, "substitute", 4, "vectorized")
+    start = len(releases)
+    mcmc.run(key, X, y=y)
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.post_warmup_state.rng_key, X, y=y)
+    made = len(releases) - start
+    assert made == mcmc.privacy_spent().num_releases == 4 * (5 + 3) * per_iteration
+    assert [(e.phase, e.num_chains, e.num_iterations) for e in mcmc.privacy_spent().ledger] == [
+        ("warmup+sample", 4, 5), ("sample", 4, 3)]
+
+    # A refused run releases nothing and charges nothing.
+    refused = runner(name, "substitute", 2, "vectorized", num_warmup=50, num_samples=50,
+                     epsilon=1e-3)
+    start = len(releases)
+    with pytest.raises(ndp.PrivacyBudgetError):
+        refused.run(key, X, y=y)
+    assert len(releases) == start and refused.privacy_spent().num_releases == 0
+
+
+ADD_REMOVE = [name for name, spec in KERNELS.items() if "add_remove" in spec[1]]
+
+
+@pytest.mark.parametrize("name", ADD_REMOVE)
+def test_add_remove_releases_made_equal_releases_charged(data, releases, name):
+    X, y = data
+    mcmc = runner(name, "add_remove", 2, "vectorized")
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    assert len(releases) == mcmc.privacy_spent().num_releases == 2 * 5 * KERNELS[name][3]
+    assert mcmc.privacy_spent().neighbourhood == "add_remove"
+
+
+PARALLEL_SCRIPT = textwrap.dedent("""
+    import functools, sys
+    sys.path.insert(0, {tests!r})
+    import jax
+    import numpyro_dp as ndp
+    from numpyro_dp.kernels import barker, base, penalty
+    import test_conformance as tc
+    from conftest import make_logistic_data
+
+    made = []
+
+    def counted(gate):
+        def wrapper(key, *args, **kwargs):
+            jax.debug.callback(lambda _: made.append(1), jax.random.key_data(key))
+            return gate(key, *args, **kwargs)
+        return wrapper
+
+    for module in (base, penalty):
+        module.grid_release = counted(module.grid_release)
+    barker.barker_decision = counted(barker.barker_decision)
+    X, y = make_logistic_data(tc.N, 2, seed=11)
+    for name in tc.KERNELS:
+        start = len(made)
+        mcmc = tc.runner(name, "substitute", 2, "parallel")
+        mcmc.run(jax.random.PRNGKey(0), X, y=y)
+        charged = mcmc.privacy_spent().num_releases
+        print(name, len(made) - start, charged, flush=True)
+        assert len(made) - start == charged == 2 * 5 * tc.KERNELS[name][3], name
+    print("devices", jax.local_device_count())
+""")
+
+
+def test_parallel_chains_on_two_devices_are_all_charged():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONWARNINGS": "ignore"}
+    script = PARALLEL_SCRIPT.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "devices 2" in out.stdout
