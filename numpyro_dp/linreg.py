@@ -45,6 +45,7 @@ from scipy.stats import norm
 
 from numpyro_dp.accounting import (
     calibrate_noise_multiplier,
+    check_delta_for_rows,
     check_neighbourhood,
 )
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
@@ -186,7 +187,7 @@ def release_linreg_stats(
     is calibrated analytically (Balle & Wang 2018) to (epsilon, delta), or
     given as ``noise_multiplier``, for :func:`linreg_sensitivity` plus the
     computation's error bounds and the grid rounding (:func:`linreg_plan`, at
-    the largest holder's row count).
+    the largest holder's row count); ``delta`` must be below ``1 / n``.
 
     ``x_bound`` and ``y_bound`` must be fixed a priori; rows beyond them are
     refused unless ``clip=True`` (see :func:`~numpyro_dp.mechanisms.clip_rows`).
@@ -200,6 +201,7 @@ def release_linreg_stats(
         raise ValueError(f"X must be (n, d) and y (n,); got {X.shape} and {y.shape}.")
     if not (isinstance(num_holders, (int, np.integer)) and 1 <= num_holders <= len(X)):
         raise ValueError(f"num_holders={num_holders!r} must be an integer in 1..n.")
+    check_delta_for_rows(delta, len(X))
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
     d = X.shape[1]
     blocks = np.array_split(np.arange(len(X)), num_holders)
@@ -436,7 +438,8 @@ def adassp(
     ``1 - rho / 3`` noise quantile.  Wang splits the budget as (eps/3, delta/3)
     with the classic calibration; the tight split gives less noise for the
     same guarantee.  Returns ``theta_hat = (sum S_hat_j + sum lambda_j I)^-1
-    sum z_hat_j`` as the release's value.  ``ledger`` and ``reproducible_noise`` as in
+    sum z_hat_j`` as the release's value.  ``delta`` must be below ``1 / n``;
+    ``ledger`` and ``reproducible_noise`` as in
     :func:`~numpyro_dp.mechanisms.gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
@@ -444,6 +447,7 @@ def adassp(
     y = clip_rows(y, y_bound, clip, "y")
     if not 0 < rho < 1:
         raise ValueError(f"rho={rho} (failure probability) must lie in (0, 1).")
+    check_delta_for_rows(delta, len(X))
     d = X.shape[1]
 
     def event3(z):

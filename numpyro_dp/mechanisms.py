@@ -58,6 +58,7 @@ from jax import random
 from numpyro_dp.accounting import (
     calibrate_noise_multiplier,
     check_budget,
+    check_delta_for_rows,
     check_neighbourhood,
     sensitivity_factor,
 )
@@ -512,8 +513,8 @@ def gram_mechanism(
     The released quantity is the upper triangle (the rest is its mirror),
     computed by :func:`row_product_sum`, with sensitivity
     :func:`gram_sensitivity` plus its computation and grid rounding
-    (:func:`gram_plan`); sigma is calibrated analytically.  The release need
-    not be positive semi-definite.
+    (:func:`gram_plan`); sigma is calibrated analytically.  ``delta`` must be
+    below ``1 / n``.  The release need not be positive semi-definite.
     ``ledger`` and ``reproducible_noise`` as in :func:`gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
@@ -521,6 +522,7 @@ def gram_mechanism(
     if x.ndim != 2:
         raise ValueError(f"x must be an (n, d) array of rows; got shape {x.shape}.")
     n, d = x.shape
+    check_delta_for_rows(delta, n)
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
     plan = gram_plan(z, n, d, x_bound, neighbourhood)
     entry = release_entry("GramMechanism", dpa.GaussianDpEvent(z), reproducible_noise)

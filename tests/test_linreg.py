@@ -258,3 +258,10 @@ def test_ledger_is_charged_before_anything_is_drawn(name, monkeypatch):
     roomy = ndp.PrivacyLedger(delta=1e-5, epsilon=2.0)
     rel = release(KEY, ledger=roomy)
     assert roomy.entries == [rel.entry]
+
+
+@pytest.mark.parametrize("name", sorted(RELEASES))
+def test_delta_must_be_below_one_over_n(name):
+    X, y = make_data(300, 2)
+    with pytest.raises(ValueError, match=r"1/n = 0\.00333.*0\.00033"):
+        getattr(lr, name)(KEY, X, y, x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1 / 300)

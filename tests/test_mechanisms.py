@@ -250,6 +250,13 @@ def test_ledger_is_charged_before_anything_is_drawn(name, monkeypatch):
     assert roomy.entries == [rel.entry]
 
 
+def test_delta_must_be_below_one_over_n():
+    X = neighbours(n=50)[0]
+    with pytest.raises(ValueError, match=r"1/n = 0\.02.*0\.002"):
+        mech.gram_mechanism(KEY, X, 1.0, epsilon=1.0, delta=0.02)
+    mech.gram_mechanism(KEY, X, 1.0, epsilon=1.0, delta=0.002)
+
+
 def test_gram_sensitivity_holds_as_computed(monkeypatch):
     """The released triangle without noise (grid_release at scale 0, rounding to the
     grid kept) moves by at most the charged sensitivity between neighbours whose
