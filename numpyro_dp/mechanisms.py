@@ -183,14 +183,11 @@ class GridPlan(NamedTuple):
         ``noise_multiplier * sensitivity``, rounded up.
     quantum : float
         The power-of-two grid step ``q`` the statistic is rounded to.
-    sensitivity : float
-        Sensitivity of the statistic as computed and rounded to the grid.
     noise : {"gaussian", "laplace"}
     """
 
     scale: float
     quantum: float
-    sensitivity: float
     noise: str
 
     def release(self, key: jax.Array, hi, lo=None) -> np.ndarray:
@@ -237,17 +234,17 @@ def grid_plan(
     Returns
     -------
     GridPlan
-        With ``q = grid_quantum(magnitude, z * sensitivity, float64)``,
-        sensitivity ``sensitivity + 2 error + grid_sensitivity(q, dim)`` (l2 or
-        l1) and scale ``z`` times that, times ``1 + 8u`` for the rounding of
-        these products.
+        With ``q = grid_quantum(magnitude, z * sensitivity, float64)`` and
+        scale ``z`` times the sensitivity as computed, ``sensitivity + 2 error
+        + grid_sensitivity(q, dim)`` (l2 or l1), times ``1 + 8u`` for the
+        rounding of these products.
     """
     with jax.enable_x64(True):
         quantum = float(grid_quantum(magnitude, noise_multiplier * sensitivity, jnp.float64))
     norm = "l2" if noise == "gaussian" else "l1"
     computed = sensitivity + 2.0 * error + grid_sensitivity(quantum, dim, norm)
     scale = noise_multiplier * computed * (1.0 + 8 * U64)
-    return GridPlan(scale, quantum, computed, noise)
+    return GridPlan(scale, quantum, noise)
 
 
 def computed_bound(bound: float, dim: int) -> float:
