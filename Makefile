@@ -2,8 +2,10 @@
 #
 #   make venv    create .venv and install the package with its test extras
 #   make demo    run examples/quickstart.py
-#   make test    run the test suite (exits non-zero on failure);
+#   make test    run the fast tier of the test suite: everything but the
+#                statistical tests marked slow (exits non-zero on failure);
 #                extra pytest arguments: make test PYTEST_ARGS='-k accounting'
+#   make test-all  run the whole suite (what CI runs)
 #   make lint    run ruff on the repository
 #   make bench   run benchmarks/bench_penalty.py, bench_hmc.py, bench_barker.py
 #                and bench_sg.py
@@ -15,7 +17,7 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-all lint bench clean
 
 venv: $(STAMP)
 
@@ -29,6 +31,9 @@ demo: $(STAMP)
 	$(VPY) examples/quickstart.py
 
 test: $(STAMP)
+	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -23,12 +23,12 @@ X = rng.uniform(-1, 1, size=(n, d))  # covariates measured on [-1, 1] scales
 y = X @ np.array([0.8, -0.5, 0.2]) + 0.3 * rng.normal(size=n)
 
 # 1. release: bounds fixed a priori (|x_k| <= 1 by design, |y| <= 3 by protocol)
+# (charged to the ledger before any noise is drawn; the noise comes from an OS secret)
+ledger = ndp.PrivacyLedger(delta=1e-6, neighbourhood="substitute")
 release = ndp.linreg.release_linreg_stats(
     random.PRNGKey(0), X, y, x_bound=np.sqrt(d), y_bound=3.0,
-    epsilon=1.0, delta=1e-6, num_holders=3, clip=True,
+    epsilon=1.0, delta=1e-6, num_holders=3, clip=True, ledger=ledger,
 )
-ledger = ndp.PrivacyLedger(delta=1e-6, neighbourhood="substitute")
-release.charge_to(ledger)
 print(ledger.spent())
 
 # 2. posterior from the release alone

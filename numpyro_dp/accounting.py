@@ -88,6 +88,22 @@ def check_budget(epsilon: float | None, delta: float | None) -> None:
         )
 
 
+def check_delta_for_rows(delta: float | None, num_rows: int) -> None:
+    """Refuse a ``delta`` that is not below ``1 / n`` for a data set of ``n`` rows.
+
+    A mechanism that publishes one randomly chosen row exactly is
+    ``(0, 1/n)``-DP, so such a delta protects nobody.  ``None`` (no delta
+    stated) passes.
+    """
+    if delta is not None and delta * num_rows >= 1.0:
+        raise ValueError(
+            f"delta={delta:.3g} is not below 1/n = {1.0 / num_rows:.3g}: a "
+            "mechanism that publishes one randomly chosen row exactly is "
+            f"(0, 1/n)-DP, so such a delta protects nobody. Choose delta well "
+            f"below 1/n, e.g. {0.1 / num_rows:.2g}."
+        )
+
+
 def sensitivity_factor(neighbourhood: str) -> float:
     """l2-sensitivity of a sum of per-row terms clipped to norm 1."""
     return 2.0 if check_neighbourhood(neighbourhood) == "substitute" else 1.0

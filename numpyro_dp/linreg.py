@@ -18,11 +18,14 @@ intercept (append a constant column inside the bound if one is wanted),
 ``theta ~ N(m, C)``, ``sigma_y^2 ~ IG(a, b)``, and, given the holder's true
 ``S_j``, ``z_hat_j ~ N(S_j theta, sigma_y^2 S_j + sigma^2 I)``.
 
-Precision: statistics are formed and noised in float64; the NUTS models run
-in JAX's default dtype.  ``S_j`` grows like ``n_j``, so for n around 1e5 and
-more float32 loses about 7 of ~12 significant digits in ``z_hat - S theta``;
-enable float64 (``jax.config.update("jax_enable_x64", True)``) when the
-noise is small relative to ``S``.
+Precision: the releases follow :mod:`numpyro_dp.mechanisms` (SPEC s11):
+secret noise, statistics computed in float64 (blockwise products summed in
+double-word arithmetic) with their error bounds and the grid rounding charged,
+noise added on a grid.  The NUTS models run in JAX's default dtype.  ``S_j``
+grows like ``n_j``, so for n around 1e5 and more float32 loses about 7 of ~12
+significant digits in ``z_hat - S theta``; enable float64
+(``jax.config.update("jax_enable_x64", True)``) when the noise is small
+relative to ``S``.
 """
 
 from __future__ import annotations
@@ -40,18 +43,31 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC, NUTS, init_to_value
 from scipy.stats import norm
 
-from numpyro_dp.accounting import calibrate_noise_multiplier, check_neighbourhood
+from numpyro_dp.accounting import (
+    calibrate_noise_multiplier,
+    check_delta_for_rows,
+    check_neighbourhood,
+)
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
 from numpyro_dp.mechanisms import (
+    U64,
+    GridPlan,
     Release,
     charge,
     check_bound,
     clip_rows,
-    gaussian_sigma,
+    computed_bound,
+    gaussian_noise_multiplier,
+    gram_plan,
     gram_sensitivity,
+    grid_plan,
     release_entry,
+    row_product_error,
+    row_product_sum,
+    secret_release,
     sum_sensitivity,
-    symmetric_gaussian_noise,
+    symmetric_from_upper,
+    upper_triangle,
 )
 
 
@@ -68,6 +84,43 @@ def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "sub
     bx, by = check_bound("x_bound", x_bound), check_bound("y_bound", y_bound)
     z_part = sum_sensitivity(bx * by, neighbourhood)
     return math.sqrt(gram_sensitivity(bx, neighbourhood) ** 2 + z_part**2)
+
+
+def linreg_plan(
+    noise_multiplier: float,
+    num_rows: int,
+    d: int,
+    x_bound: float,
+    y_bound: float,
+    neighbourhood: str,
+) -> GridPlan:
+    """:class:`~numpyro_dp.mechanisms.GridPlan` of :func:`linreg_statistic` for n rows.
+
+    Sensitivity :func:`linreg_sensitivity` at the bounds as computed, plus the
+    error bounds of both sums (:func:`~numpyro_dp.mechanisms.row_product_error`)
+    and the grid rounding.
+    """
+    bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
+    error = row_product_error(num_rows, bx, bx, d * d) + row_product_error(num_rows, bx, by, d)
+    return grid_plan(
+        noise_multiplier, linreg_sensitivity(bx, by, neighbourhood), d * (d + 3) // 2,
+        magnitude=num_rows * bx * max(bx, by), error=error,
+    )
+
+
+def xty_statistic(X, y) -> tuple:
+    """``X^T y`` as computed for a release: a double-word pair of shape (d,)."""
+    hi, lo = row_product_sum(X, y[:, None])
+    return hi[:, 0], lo[:, 0]
+
+
+def linreg_statistic(X, y) -> tuple:
+    """``(upper triangle of X^T X, X^T y)`` as computed for a release: a double-word pair.
+
+    Call under ``jax.enable_x64(True)``.
+    """
+    (s_hi, s_lo), (z_hi, z_lo) = upper_triangle(row_product_sum(X, X)), xty_statistic(X, y)
+    return jnp.concatenate([s_hi, z_hi]), jnp.concatenate([s_lo, z_lo])
 
 
 class LinRegRelease(NamedTuple):
@@ -101,10 +154,12 @@ class LinRegRelease(NamedTuple):
     neighbourhood: str
 
     def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Charge this release to ``ledger`` (e.g. one shared with a PrivateMCMC).
+        """Charge this release to ``ledger`` after the fact (kept for compatibility).
 
-        Raises :class:`~numpyro_dp.PrivacyBudgetError` if the ledger's budget
-        cannot pay for it: the value must then not be published.
+        As :meth:`numpyro_dp.mechanisms.Release.charge_to`: a refused charge
+        raises :class:`~numpyro_dp.PrivacyBudgetError` and the statistics must
+        be discarded unpublished; ``release_linreg_stats(..., ledger=)`` charges
+        before any noise is drawn instead.
         """
         charge(ledger, self.entry, self.neighbourhood)
 
@@ -122,16 +177,22 @@ def release_linreg_stats(
     num_holders: int = 1,
     neighbourhood: str = "substitute",
     clip: bool = False,
+    ledger: PrivacyLedger | None = None,
+    reproducible_noise: bool = False,
 ) -> LinRegRelease:
     """Release ``(S_hat_j, z_hat_j)`` for ``num_holders`` consecutive blocks of rows.
 
     Each holder would run this on its own rows with ``num_holders=1``; the
     blocks here simulate J holders (``np.array_split`` of the rows).  The noise
-    is calibrated analytically (Balle & Wang 2018) to (epsilon, delta) for
-    :func:`linreg_sensitivity`, or given as ``noise_multiplier``.
+    is calibrated analytically (Balle & Wang 2018) to (epsilon, delta), or
+    given as ``noise_multiplier``, for :func:`linreg_sensitivity` plus the
+    computation's error bounds and the grid rounding (:func:`linreg_plan`, at
+    the largest holder's row count); ``delta`` must be below ``1 / n``.
 
     ``x_bound`` and ``y_bound`` must be fixed a priori; rows beyond them are
     refused unless ``clip=True`` (see :func:`~numpyro_dp.mechanisms.clip_rows`).
+    ``ledger`` (charged before any noise is drawn) and ``reproducible_noise``
+    (tests only) as in :func:`~numpyro_dp.mechanisms.gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
     X = clip_rows(X, x_bound, clip, "x")
@@ -140,22 +201,23 @@ def release_linreg_stats(
         raise ValueError(f"X must be (n, d) and y (n,); got {X.shape} and {y.shape}.")
     if not (isinstance(num_holders, (int, np.integer)) and 1 <= num_holders <= len(X)):
         raise ValueError(f"num_holders={num_holders!r} must be an integer in 1..n.")
-    if (epsilon is None) == (noise_multiplier is None):
-        raise ValueError("Pass either epsilon and delta (to calibrate) or noise_multiplier.")
-    sens = linreg_sensitivity(x_bound, y_bound, neighbourhood)
-    if epsilon is not None:
-        sigma = gaussian_sigma(epsilon, delta, sens)
-    else:
-        sigma = check_bound("noise_multiplier", noise_multiplier) * sens
+    check_delta_for_rows(delta, len(X))
+    z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
     d = X.shape[1]
     blocks = np.array_split(np.arange(len(X)), num_holders)
-    keys = random.split(rng_key, 2 * num_holders)
-    S_hat = np.stack([X[b].T @ X[b] + sigma * symmetric_gaussian_noise(keys[2 * j], d)
-                      for j, b in enumerate(blocks)])
-    z_hat = np.stack([X[b].T @ y[b] + sigma * np.asarray(random.normal(keys[2 * j + 1], (d,)))
-                      for j, b in enumerate(blocks)])
-    entry = release_entry("LinRegStats", dpa.GaussianDpEvent(sigma / sens))
-    return LinRegRelease(S_hat, z_hat, np.array([len(b) for b in blocks]), float(sigma),
+    plan = linreg_plan(z, len(blocks[0]), d, x_bound, y_bound, neighbourhood)
+    entry = release_entry("LinRegStats", dpa.GaussianDpEvent(z), reproducible_noise)
+
+    def draw(key):
+        stats = [plan.release(random.fold_in(key, j), *linreg_statistic(X[b], y[b]))
+                 for j, b in enumerate(blocks)]
+        k = d * (d + 1) // 2
+        return (np.stack([symmetric_from_upper(s[:k], d) for s in stats]),
+                np.stack([s[k:] for s in stats]))
+
+    S_hat, z_hat = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger,
+                                  what="release_linreg_stats")
+    return LinRegRelease(S_hat, z_hat, np.array([len(b) for b in blocks]), float(plan.scale),
                          float(x_bound), float(y_bound), entry, neighbourhood)
 
 
@@ -358,47 +420,68 @@ def adassp(
     neighbourhood: str = "substitute",
     rho: float = 0.05,
     clip: bool = False,
+    ledger: PrivacyLedger | None = None,
+    reproducible_noise: bool = False,
 ) -> Release:
     """adaSSP (Wang 2018), distributed as in paper 002 eq. 7.2.
 
     Each holder releases ``lambda_min(S_j)`` (sensitivity ``x_bound^2``),
     ``S_j`` (:func:`~numpyro_dp.mechanisms.gram_sensitivity`) and ``z_j``
     (``X_j^T y_j``), three Gaussian releases with one noise multiplier whose
-    tight composition spends (epsilon, delta); the regulariser is Wang's
+    tight composition spends (epsilon, delta); each sensitivity also covers
+    its computation and grid rounding, the eigenvalue's with the bound
+    ``(4 d + 2) u n x_bound^2`` on the float64 eigensolver and the rounding of
+    ``S_j`` (backward stability with the modest constant ``4 d``, assumed of
+    LAPACK's ``syevd``).  The regulariser is Wang's
     ``lambda_j = max(0, sigma_S sqrt(d log(2 d^2 / rho)) - lambda_min_tilde)``
     with ``lambda_min_tilde`` the released eigenvalue lowered by its
     ``1 - rho / 3`` noise quantile.  Wang splits the budget as (eps/3, delta/3)
     with the classic calibration; the tight split gives less noise for the
     same guarantee.  Returns ``theta_hat = (sum S_hat_j + sum lambda_j I)^-1
-    sum z_hat_j`` as the release's value.
+    sum z_hat_j`` as the release's value.  ``delta`` must be below ``1 / n``;
+    ``ledger`` and ``reproducible_noise`` as in
+    :func:`~numpyro_dp.mechanisms.gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
     X = clip_rows(X, x_bound, clip, "x")
     y = clip_rows(y, y_bound, clip, "y")
     if not 0 < rho < 1:
         raise ValueError(f"rho={rho} (failure probability) must lie in (0, 1).")
+    check_delta_for_rows(delta, len(X))
     d = X.shape[1]
 
     def event3(z):
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 3)
 
     z = calibrate_noise_multiplier(event3, epsilon, delta)
-    bx = check_bound("x_bound", x_bound)
-    sig_lam = z * bx**2  # lambda_min moves by at most x_bound^2 (Weyl)
-    sig_S = z * gram_sensitivity(bx, neighbourhood)
-    sig_z = z * sum_sensitivity(bx * check_bound("y_bound", y_bound), neighbourhood)
-    shift = sig_lam * norm.ppf(1 - rho / 3)
-    S_sum, z_sum, lam_sum = np.zeros((d, d)), np.zeros(d), 0.0
     blocks = np.array_split(np.arange(len(X)), num_holders)
-    for key, b in zip(random.split(rng_key, len(blocks)), blocks, strict=True):
-        k1, k2, k3 = random.split(key, 3)
-        S = X[b].T @ X[b]
-        lam_min = np.linalg.eigvalsh(S)[0] + sig_lam * float(random.normal(k1)) - shift
-        lam_sum += max(0.0, sig_S * math.sqrt(d * math.log(2 * d**2 / rho)) - max(lam_min, 0.0))
-        S_sum += S + sig_S * symmetric_gaussian_noise(k2, d)
-        z_sum += X[b].T @ y[b] + sig_z * np.asarray(random.normal(k3, (d,)), np.float64)
-    theta = np.linalg.solve(S_sum + lam_sum * np.eye(d), z_sum)
-    return Release(theta, sig_S, release_entry("adaSSP", event3(z)), neighbourhood)
+    n = len(blocks[0])  # the largest holder: every bound grows with n
+    bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
+    S_plan = gram_plan(z, n, d, x_bound, neighbourhood)
+    z_plan = grid_plan(z, sum_sensitivity(bx * by, neighbourhood), d,
+                       magnitude=n * bx * by, error=row_product_error(n, bx, by, d))
+    # lambda_min moves by at most x_bound^2 (Weyl); its error: S as computed,
+    # S rounded to float64, and the eigensolver.
+    lam_error = row_product_error(n, bx, bx, d * d) + (4 * d + 2) * U64 * n * bx**2
+    lam_plan = grid_plan(z, bx**2, 1, magnitude=n * bx**2, error=lam_error)
+    shift = lam_plan.scale * norm.ppf(1 - rho / 3)
+    entry = release_entry("adaSSP", event3(z), reproducible_noise)
+
+    def draw(key):
+        S_sum, z_sum, lam_sum = np.zeros((d, d)), np.zeros(d), 0.0
+        for j, b in enumerate(blocks):
+            k_lam, k_S, k_z = random.split(random.fold_in(key, j), 3)
+            S = row_product_sum(X[b], X[b])
+            lam = np.linalg.eigvalsh(np.asarray(S[0] + S[1]))[0]
+            lam_min = float(lam_plan.release(k_lam, lam)) - shift
+            lam_sum += max(0.0, S_plan.scale * math.sqrt(d * math.log(2 * d**2 / rho))
+                           - max(lam_min, 0.0))
+            S_sum += symmetric_from_upper(S_plan.release(k_S, *upper_triangle(S)), d)
+            z_sum += z_plan.release(k_z, *xty_statistic(X[b], y[b]))
+        return np.linalg.solve(S_sum + lam_sum * np.eye(d), z_sum)
+
+    theta = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger, what="adassp")
+    return Release(theta, S_plan.scale, entry, neighbourhood)
 
 
 # --------------------------------------------------------------- prediction

@@ -18,6 +18,7 @@ from numpyro_dp.accounting import (
     PrivacyBudgetError,
     calibrate_noise_multiplier,
     check_budget,
+    check_delta_for_rows,
     epsilon_spent,
     max_iterations,
 )
@@ -437,7 +438,7 @@ class PrivateMCMC(MCMC):
         if model_args or model_kwargs:
             num_rows = kernel.prepare(model_args, model_kwargs).num_rows
         if num_rows is not None:
-            self._check_delta(num_rows)
+            check_delta_for_rows(self.delta, num_rows)
         iterations, _ = self._iterations_this_call()
         start = self._start_iteration()
         z, advice = kernel.noise_multiplier, kernel.budget_advice()
@@ -519,15 +520,6 @@ class PrivateMCMC(MCMC):
                 "state holds (each chain run is charged)."
             )
 
-    def _check_delta(self, num_rows: int) -> None:
-        if self.delta >= 1.0 / num_rows:
-            raise ValueError(
-                f"delta={self.delta:.3g} is not below 1/n = {1.0 / num_rows:.3g}: a "
-                "mechanism that publishes one randomly chosen row exactly is "
-                f"(0, 1/n)-DP, so such a delta protects nobody. Choose delta well "
-                f"below 1/n, e.g. {0.1 / num_rows:.2g}."
-            )
-
     # ------------------------------------------------------------- running
     def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs):
         """Charge the coming iterations to the ledger, then run as NumPyro does.
@@ -552,7 +544,7 @@ class PrivateMCMC(MCMC):
         self._check_keys(rng_key)
         self._check_post_warmup_state()
         pm = kernel.prepare(args, kwargs)  # validates model and data before any charge
-        self._check_delta(pm.num_rows)
+        check_delta_for_rows(self.delta, pm.num_rows)
         self._check_init_params(init_params, pm.param_shapes)
         iterations, phase = self._iterations_this_call()
         if iterations > 0:

@@ -1,26 +1,56 @@
-"""One-shot releases of statistics: Gaussian, Laplace, randomized response (SPEC s9).
+"""One-shot releases of statistics: Gaussian, Laplace, randomized response (SPEC s9, s11).
 
 Each mechanism returns a :class:`Release`: the noisy value, its noise scale
 and a :class:`~numpyro_dp.ledger.LedgerEntry` in the conventions of the
 MCMC kernels, so that a release and a DP-MCMC run can be charged to one
-budget (``release.charge_to(ledger)``, then ``PrivateMCMC(..., ledger=ledger)``).
-Inference on the release (e.g. NumPyro's NUTS on a noise-aware model) is
-post-processing and costs nothing more.
+budget: pass ``ledger=`` (the entry is charged before any noise is drawn),
+then ``PrivateMCMC(..., ledger=ledger)``.  Inference on the release (e.g.
+NumPyro's NUTS on a noise-aware model) is post-processing and costs nothing
+more.
 
 Sensitivities are taken from explicit a-priori bounds and the neighbourhood
 relation (SPEC s0): a bound computed from the data would itself depend on the
 rows it is meant to hide, so :func:`clip_rows` refuses one that equals the
-data's own extreme.  The noise is ordinary floating-point noise (drawn in
-float32 by JAX, added in float64); like every such implementation it carries
-the low-order-bit caveat of Mironov (2012).
+data's own extreme.
+
+Floating point (SPEC s11).  Every release goes through :func:`secret_release`
+and a :class:`GridPlan`:
+
+* the noise key is :func:`~numpyro_dp.secret.noise_key` of a fresh 64-bit
+  secret from the operating system at the user's (public) key, so the key
+  does not determine the noise (``reproducible_noise=True``: tests only);
+* the statistic is computed in float64 whatever JAX's global setting, sums
+  over rows as float64 products of blocks of :data:`BLOCK_ROWS` rows added in
+  double-word arithmetic (:func:`row_product_sum`), and the charged
+  sensitivity covers the value *as computed*: twice the computation's error
+  bound and the rounding to the release grid are added to the stated
+  sensitivity before the noise is scaled to it (:func:`grid_plan`), so the
+  ledger's noise multiplier is exactly what the accountant charges;
+* the noise is added by :func:`~numpyro_dp.rounding.grid_release`: the
+  statistic is rounded to a power-of-two grid, noise rounded to the same grid
+  is added in exact integer arithmetic, and the result is rounded to a cell
+  of about sigma / 2^8, so the low-order bits of a release carry no trace of
+  the value (Mironov 2012).
+
+What remains: the sampler is an inverse-CDF normal (or Laplace) of a 64-bit
+uniform, so each output cell's probability follows the continuous
+distribution only up to a discretisation residual of about 1e-8 relative per
+cell in float64 (tails beyond 9 sigma are missing), which the accountant
+does not charge; the error bound of the float64 block products assumes a
+standard dot-product kernel (any summation order, no fast approximate
+arithmetic); and a value handed in already computed
+(:func:`gaussian_mechanism`, :func:`laplace_mechanism`) is private only if
+its sensitivity, as computed by the caller, is the one stated.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import dp_accounting as dpa
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
@@ -28,10 +58,30 @@ from jax import random
 from numpyro_dp.accounting import (
     calibrate_noise_multiplier,
     check_budget,
+    check_delta_for_rows,
     check_neighbourhood,
     sensitivity_factor,
 )
+from numpyro_dp.gradients import vector_clip_bound
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
+from numpyro_dp.rounding import (
+    as_numpy_float64,
+    dw_sum,
+    dw_sum_error,
+    grid_quantum,
+    grid_release,
+    grid_sensitivity,
+    unit_roundoff,
+)
+from numpyro_dp.secret import noise_key, run_secret
+
+T = TypeVar("T")
+
+#: Rows per block of :func:`row_product_sum`: each block is one float64 BLAS
+#: product (error ``gamma_B``), the blocks are summed in double-word arithmetic.
+BLOCK_ROWS = 1024
+#: float64 unit roundoff, 2^-53.
+U64 = unit_roundoff(np.float64)
 
 
 class Release(NamedTuple):
@@ -56,10 +106,13 @@ class Release(NamedTuple):
     neighbourhood: str
 
     def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Charge this release to ``ledger`` (e.g. one shared with a PrivateMCMC).
+        """Charge this release to ``ledger`` after the fact (kept for compatibility).
 
-        Raises :class:`~numpyro_dp.PrivacyBudgetError` if the ledger's budget
-        cannot pay for it: the value must then not be published.
+        The value exists before it is charged: if the ledger's budget cannot
+        pay, :class:`~numpyro_dp.PrivacyBudgetError` is raised and the value
+        must be discarded unpublished.  Passing ``ledger=`` to the mechanism is
+        the safe way: it charges before any noise is drawn, and a refused
+        charge leaves nothing released.  (Do not do both: that charges twice.)
         """
         charge(ledger, self.entry, self.neighbourhood)
 
@@ -75,9 +128,186 @@ def charge(ledger: PrivacyLedger, entry: LedgerEntry, neighbourhood: str) -> Non
     ledger.charge(entry)
 
 
-def release_entry(name: str, event: dpa.DpEvent) -> LedgerEntry:
-    """Ledger entry of one one-shot release."""
-    return LedgerEntry(name, "release", 1, 1, event)
+def release_entry(name: str, event: dpa.DpEvent, reproducible_noise: bool = False) -> LedgerEntry:
+    """Ledger entry of one one-shot release (``reproducible_noise``: see :func:`secret_release`)."""
+    return LedgerEntry(name, "release", 1, 1, event, reproducible_noise=bool(reproducible_noise))
+
+
+def secret_release(
+    rng_key,
+    entry: LedgerEntry,
+    neighbourhood: str,
+    draw: Callable[[jax.Array], T],
+    *,
+    ledger: PrivacyLedger | None = None,
+    what: str = "this release",
+) -> T:
+    """Charge a release, then compute it from a secret noise key, in float64.
+
+    Every mechanism of this module and of :mod:`numpyro_dp.linreg` releases
+    through here.
+
+    Parameters
+    ----------
+    rng_key : jax.random key
+        The user's key: public.  The noise key is
+        ``noise_key(run_secret(rng_key, entry.reproducible_noise), rng_key)``, a
+        fresh OS secret unless the entry records reproducible (test-only) noise.
+    entry : LedgerEntry
+        The release's cost.
+    neighbourhood : str
+        The neighbourhood its sensitivity was computed for.
+    draw : callable
+        ``draw(key)`` computes the statistic and returns the release (host
+        arrays); it runs under ``jax.enable_x64(True)``, after the charge.
+    ledger : PrivacyLedger, optional
+        Charged with ``entry`` before the secret is drawn and ``draw`` runs: a
+        :class:`~numpyro_dp.PrivacyBudgetError` leaves nothing computed.
+    what : str
+        Named in the reproducible-noise warning.
+    """
+    if ledger is not None:
+        charge(ledger, entry, neighbourhood)
+    secret = run_secret(rng_key, entry.reproducible_noise, what)
+    with jax.enable_x64(True):
+        return draw(noise_key(jnp.asarray(secret), rng_key))
+
+
+class GridPlan(NamedTuple):
+    """How one statistic is released on a grid (:func:`~numpyro_dp.rounding.grid_release`).
+
+    Attributes
+    ----------
+    scale : float
+        Noise standard deviation (Gaussian) or scale ``b`` (Laplace):
+        ``noise_multiplier * sensitivity``, rounded up.
+    quantum : float
+        The power-of-two grid step ``q`` the statistic is rounded to.
+    noise : {"gaussian", "laplace"}
+    """
+
+    scale: float
+    quantum: float
+    noise: str
+
+    def release(self, key: jax.Array, hi, lo=None) -> np.ndarray:
+        """The release of the statistic ``hi + lo`` (a double-word pair; ``lo`` 0 by default).
+
+        Call under ``jax.enable_x64(True)`` (:func:`secret_release` does).
+        """
+        hi = jnp.asarray(hi, jnp.float64)
+        lo = jnp.zeros_like(hi) if lo is None else jnp.asarray(lo, jnp.float64)
+        release = jax.jit(grid_release, static_argnames="noise")  # compiled once per shape
+        return as_numpy_float64(release(key, hi, lo, self.scale, self.quantum, noise=self.noise))
+
+
+def grid_plan(
+    noise_multiplier: float,
+    sensitivity: float,
+    dim: int,
+    *,
+    magnitude: float = 0.0,
+    error: float = 0.0,
+    noise: str = "gaussian",
+) -> GridPlan:
+    """The grid and noise scale of a release whose sensitivity holds as computed.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``: the noise scale is ``z`` times the sensitivity as computed, so
+        that the ledger's ``GaussianDpEvent(z)`` (``LaplaceDpEvent(z)``) is
+        exactly what the release spends.
+    sensitivity : float
+        l2 (Gaussian) or l1 (Laplace) sensitivity of the exact statistic, for
+        rows within the bounds *as computed* (see :func:`computed_bound`).
+    dim : int
+        Number of released coordinates.
+    magnitude : float
+        Public bound on ``|coordinate|`` of a double-word statistic (from the
+        a-priori bounds and n, never from the data).  0 for a float64 value
+        (``lo = 0``), whose rounding and noise addition are exact at any size.
+    error : float
+        Bound on the norm of (statistic as computed - exact statistic).
+    noise : {"gaussian", "laplace"}
+
+    Returns
+    -------
+    GridPlan
+        With ``q = grid_quantum(magnitude, z * sensitivity, float64)`` and
+        scale ``z`` times the sensitivity as computed, ``sensitivity + 2 error
+        + grid_sensitivity(q, dim)`` (l2 or l1), times ``1 + 8u`` for the
+        rounding of these products.
+    """
+    with jax.enable_x64(True):
+        quantum = float(grid_quantum(magnitude, noise_multiplier * sensitivity, jnp.float64))
+    norm = "l2" if noise == "gaussian" else "l1"
+    computed = sensitivity + 2.0 * error + grid_sensitivity(quantum, dim, norm)
+    scale = noise_multiplier * computed * (1.0 + 8 * U64)
+    return GridPlan(scale, quantum, noise)
+
+
+def computed_bound(bound: float, dim: int) -> float:
+    """Norm bound of a row of ``dim`` coordinates within ``bound`` as :func:`clip_rows` returns it.
+
+    A projected row's norm exceeds the bound by rounding, and the check of an
+    unprojected row's norm is itself rounded: both stay below
+    ``bound (1 + (dim + 8) u)``.
+    """
+    return vector_clip_bound(bound, dim, np.float64)
+
+
+@jax.jit
+def row_product_sum(a, b) -> tuple[jax.Array, jax.Array]:
+    """``sum_i a_i b_i^T`` over the rows of ``a`` (n, k) and ``b`` (n, m), as a double-word pair.
+
+    Blocks of :data:`BLOCK_ROWS` rows are multiplied in float64 (one BLAS
+    product each), and the block products are summed by
+    :func:`~numpyro_dp.rounding.dw_sum`; memory ``O(k m n / BLOCK_ROWS)``.
+    Error bound: :func:`row_product_error`.  Call under ``jax.enable_x64(True)``.
+    """
+    a, b = jnp.asarray(a, jnp.float64), jnp.asarray(b, jnp.float64)
+    n = a.shape[0]
+    block = min(BLOCK_ROWS, max(n, 1))
+    num_blocks = -(-n // block)
+    pad = ((0, num_blocks * block - n), (0, 0))
+    a = jnp.pad(a, pad).reshape(num_blocks, block, a.shape[1])
+    b = jnp.pad(b, pad).reshape(num_blocks, block, b.shape[1])
+    products = jnp.einsum("rbk,rbm->rkm", a, b, precision=jax.lax.Precision.HIGHEST)
+    return dw_sum(products)
+
+
+def row_product_error(num_rows: int, a_bound: float, b_bound: float, num_entries: int) -> float:
+    """Frobenius bound on the error of :func:`row_product_sum`.
+
+    For rows with ``||a_i|| <= a_bound`` and ``||b_i|| <= b_bound``; ``num_entries``
+    is ``k m``, the size of one product ``a_i b_i^T``.
+
+    A block product sums ``B`` terms per entry in some order: entry error
+    ``<= gamma_B sum |a_ik b_il|`` with ``gamma_B = B u / (1 - B u)`` (Higham
+    2002, eq. 3.5), in Frobenius norm ``<= gamma_B sum_i ||a_i|| ||b_i||
+    <= gamma_B n a_bound b_bound``.  The double-word sum of the blocks adds
+    at most ``dw_sum_error`` per entry, ``sqrt(num_entries)`` of it in norm.
+    """
+    block = min(BLOCK_ROWS, max(num_rows, 1))
+    num_blocks = -(-num_rows // block)
+    gamma = block * U64 / (1.0 - block * U64)
+    total = num_rows * a_bound * b_bound
+    dw = dw_sum_error(num_blocks, total * (1.0 + gamma), np.float64)
+    return gamma * total + math.sqrt(num_entries) * dw
+
+
+def upper_triangle(pair: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """The upper triangle (with the diagonal, row-major) of a double-word matrix pair."""
+    iu = np.triu_indices(pair[0].shape[-1])
+    return pair[0][iu], pair[1][iu]
+
+
+def symmetric_from_upper(upper: np.ndarray, d: int) -> np.ndarray:
+    """The symmetric ``d x d`` matrix whose upper triangle (row-major) is ``upper``."""
+    out = np.zeros((d, d))
+    out[np.triu_indices(d)] = upper
+    return out + np.triu(out, 1).T
 
 
 # ------------------------------------------------------------ sensitivities
@@ -183,6 +413,30 @@ def _budget_or_noise(epsilon, noise, noise_name):
         raise ValueError(f"Pass either epsilon (to calibrate) or {noise_name}, not both.")
 
 
+def gaussian_noise_multiplier(
+    epsilon: float | None,
+    delta: float | None,
+    noise_multiplier: float | None,
+    method: str = "analytic",
+) -> float:
+    """``z = sigma / Delta``: calibrated to (epsilon, delta) by ``method``, or the one given."""
+    _budget_or_noise(epsilon, noise_multiplier, "noise_multiplier")
+    if epsilon is not None:
+        return gaussian_sigma(epsilon, delta, 1.0, method)
+    return check_bound("noise_multiplier", noise_multiplier)
+
+
+def gram_plan(
+    noise_multiplier: float, num_rows: int, d: int, x_bound: float, neighbourhood: str
+) -> GridPlan:
+    """:class:`GridPlan` of the upper triangle of ``X^T X`` (:func:`row_product_sum`) for n rows."""
+    bx = computed_bound(x_bound, d)
+    return grid_plan(
+        noise_multiplier, gram_sensitivity(bx, neighbourhood), d * (d + 1) // 2,
+        magnitude=num_rows * bx**2, error=row_product_error(num_rows, bx, bx, d * d),
+    )
+
+
 # --------------------------------------------------------------- mechanisms
 def gaussian_mechanism(
     rng_key,
@@ -195,30 +449,47 @@ def gaussian_mechanism(
     method: str = "analytic",
     neighbourhood: str = "substitute",
     name: str = "GaussianMechanism",
+    ledger: PrivacyLedger | None = None,
+    reproducible_noise: bool = False,
 ) -> Release:
-    """Release ``value + N(0, sigma^2 I)``.
+    """Release ``value + N(0, sigma^2 I)``, on a grid of about ``sigma / 2^8``.
 
-    ``sensitivity`` is the l2-sensitivity of ``value`` under ``neighbourhood``
-    (see :func:`sum_sensitivity`).  Either ``epsilon`` and ``delta`` (sigma
-    calibrated by ``method``) or ``noise_multiplier = sigma / sensitivity``.
+    Parameters
+    ----------
+    rng_key : jax.random key
+        Public; the noise comes from a fresh OS secret (:func:`secret_release`).
+    value : array_like
+        The statistic, finite, computed by the caller.
+    sensitivity : float
+        l2-sensitivity of ``value`` *as the caller computes it* under
+        ``neighbourhood`` (see :func:`sum_sensitivity`); the rounding to the
+        release grid is added to it.
+    epsilon, delta : float, optional
+        Budget; sigma is calibrated by ``method`` (``"analytic"`` or ``"classic"``).
+    noise_multiplier : float, optional
+        ``sigma / sensitivity``, instead of a budget.
+    neighbourhood : {"substitute", "add_remove"}
+    name : str
+        The ledger entry's name.
+    ledger : PrivacyLedger, optional
+        Charged before any noise is drawn (see :func:`secret_release`).
+    reproducible_noise : bool
+        Tests only: the noise is a function of ``rng_key``; warns and is
+        recorded in the entry.
     """
     check_neighbourhood(neighbourhood)
-    _budget_or_noise(epsilon, noise_multiplier, "noise_multiplier")
     sensitivity = check_bound("sensitivity", sensitivity)
-    if epsilon is not None:
-        sigma = gaussian_sigma(epsilon, delta, sensitivity, method)
-    else:
-        sigma = check_bound("noise_multiplier", noise_multiplier) * sensitivity
+    z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier, method)
     value = np.asarray(value, np.float64)
-    noise = np.asarray(random.normal(rng_key, value.shape), np.float64)
-    entry = release_entry(name, dpa.GaussianDpEvent(sigma / sensitivity))
-    return Release(value + sigma * noise, sigma, entry, neighbourhood)
-
-
-def symmetric_gaussian_noise(rng_key, d: int) -> np.ndarray:
-    """Symmetric ``d x d`` matrix whose upper triangle (with diagonal) is iid N(0, 1)."""
-    upper = jnp.triu(random.normal(rng_key, (d, d)))
-    return np.asarray(upper + jnp.triu(upper, 1).T, np.float64)
+    if not np.all(np.isfinite(value)):
+        raise ValueError("value holds NaN or inf: there is nothing finite to release.")
+    plan = grid_plan(z, sensitivity, value.size)
+    entry = release_entry(name, dpa.GaussianDpEvent(z), reproducible_noise)
+    released = secret_release(
+        rng_key, entry, neighbourhood, lambda key: plan.release(key, value),
+        ledger=ledger, what="gaussian_mechanism",
+    )
+    return Release(released, plan.scale, entry, neighbourhood)
 
 
 def gram_mechanism(
@@ -231,23 +502,35 @@ def gram_mechanism(
     noise_multiplier: float | None = None,
     neighbourhood: str = "substitute",
     clip: bool = False,
+    ledger: PrivacyLedger | None = None,
+    reproducible_noise: bool = False,
 ) -> Release:
     """Release ``X^T X + sigma M`` with ``M`` symmetric, upper triangle iid N(0, 1).
 
-    The released quantity is the upper triangle (the rest is its mirror), with
-    sensitivity :func:`gram_sensitivity`; sigma is calibrated analytically.
-    The release need not be positive semi-definite.
+    The released quantity is the upper triangle (the rest is its mirror),
+    computed by :func:`row_product_sum`, with sensitivity
+    :func:`gram_sensitivity` plus its computation and grid rounding
+    (:func:`gram_plan`); sigma is calibrated analytically.  ``delta`` must be
+    below ``1 / n``.  The release need not be positive semi-definite.
+    ``ledger`` and ``reproducible_noise`` as in :func:`gaussian_mechanism`.
     """
+    check_neighbourhood(neighbourhood)
     x = clip_rows(x, x_bound, clip)
-    delta_s = gram_sensitivity(x_bound, neighbourhood)
-    _budget_or_noise(epsilon, noise_multiplier, "noise_multiplier")
-    if epsilon is not None:
-        sigma = gaussian_sigma(epsilon, delta, delta_s)
-    else:
-        sigma = check_bound("noise_multiplier", noise_multiplier) * delta_s
-    gram = x.T @ x + sigma * symmetric_gaussian_noise(rng_key, x.shape[1])
-    entry = release_entry("GramMechanism", dpa.GaussianDpEvent(sigma / delta_s))
-    return Release(gram, sigma, entry, neighbourhood)
+    if x.ndim != 2:
+        raise ValueError(f"x must be an (n, d) array of rows; got shape {x.shape}.")
+    n, d = x.shape
+    check_delta_for_rows(delta, n)
+    z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
+    plan = gram_plan(z, n, d, x_bound, neighbourhood)
+    entry = release_entry("GramMechanism", dpa.GaussianDpEvent(z), reproducible_noise)
+
+    def draw(key):
+        upper = plan.release(key, *upper_triangle(row_product_sum(x, x)))
+        return symmetric_from_upper(upper, d)
+
+    gram = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger,
+                          what="gram_mechanism")
+    return Release(gram, plan.scale, entry, neighbourhood)
 
 
 def laplace_mechanism(
@@ -258,11 +541,15 @@ def laplace_mechanism(
     epsilon: float | None = None,
     noise_multiplier: float | None = None,
     neighbourhood: str = "substitute",
+    ledger: PrivacyLedger | None = None,
+    reproducible_noise: bool = False,
 ) -> Release:
     """Release ``value + Laplace(0, b)`` coordinatewise: epsilon-DP with ``b = Delta_1 / epsilon``.
 
-    ``l1_sensitivity`` is taken under ``neighbourhood``;
-    ``noise_multiplier = b / l1_sensitivity``.
+    ``l1_sensitivity`` is taken under ``neighbourhood`` for ``value`` as the
+    caller computes it; the rounding to the release grid is added to it.
+    ``noise_multiplier = b / Delta_1``.  ``ledger`` and ``reproducible_noise``
+    as in :func:`gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
     _budget_or_noise(epsilon, noise_multiplier, "noise_multiplier")
@@ -270,11 +557,17 @@ def laplace_mechanism(
     if epsilon is not None:
         check_budget(epsilon, None)
         noise_multiplier = 1.0 / epsilon
-    b = check_bound("noise_multiplier", noise_multiplier) * l1_sensitivity
+    z = check_bound("noise_multiplier", noise_multiplier)
     value = np.asarray(value, np.float64)
-    noise = np.asarray(random.laplace(rng_key, value.shape), np.float64)
-    entry = release_entry("LaplaceMechanism", dpa.LaplaceDpEvent(b / l1_sensitivity))
-    return Release(value + b * noise, b, entry, neighbourhood)
+    if not np.all(np.isfinite(value)):
+        raise ValueError("value holds NaN or inf: there is nothing finite to release.")
+    plan = grid_plan(z, l1_sensitivity, value.size, noise="laplace")
+    entry = release_entry("LaplaceMechanism", dpa.LaplaceDpEvent(z), reproducible_noise)
+    released = secret_release(
+        rng_key, entry, neighbourhood, lambda key: plan.release(key, value),
+        ledger=ledger, what="laplace_mechanism",
+    )
+    return Release(released, plan.scale, entry, neighbourhood)
 
 
 def randomized_response(
@@ -284,6 +577,8 @@ def randomized_response(
     *,
     epsilon: float | None = None,
     noise_parameter: float | None = None,
+    ledger: PrivacyLedger | None = None,
+    reproducible_noise: bool = False,
 ) -> Release:
     """Randomized response on each row's category in ``{0, ..., num_buckets - 1}``.
 
@@ -292,6 +587,13 @@ def randomized_response(
     ``p = k / (e^epsilon + k - 1)``.  A row only moves its own output, so the
     whole vector costs one release.  Substitute neighbourhood only: under
     add/remove the number of outputs would itself reveal the change.
+
+    The coins come from the secret noise key; a row is replaced when a 32-bit
+    uniform integer is below ``ceil(p 2^32)``, so the replacement probability
+    is at least ``p`` (the private side).  The uniform category is a 64-bit
+    uniform reduced modulo ``k`` (JAX's ``randint``): its probabilities are
+    off by at most ``k 2^-64`` relative, which is not charged.  ``ledger`` and
+    ``reproducible_noise`` as in :func:`gaussian_mechanism`.
     """
     if not (isinstance(num_buckets, (int, np.integer)) and num_buckets >= 2):
         raise ValueError(f"num_buckets={num_buckets!r} must be an integer >= 2.")
@@ -307,10 +609,19 @@ def randomized_response(
         raise ValueError(
             f"values must be integers in 0..{num_buckets - 1} (category codes)."
         )
-    k_flip, k_draw = random.split(rng_key)
-    flip = np.asarray(random.uniform(k_flip, values.shape)) < noise_parameter
-    draw = np.asarray(random.randint(k_draw, values.shape, 0, num_buckets))
+    threshold = math.ceil(noise_parameter * 2.0**32)  # exact: p 2^32 is a scaling
     entry = release_entry(
-        "RandomizedResponse", dpa.RandomizedResponseDpEvent(noise_parameter, num_buckets)
+        "RandomizedResponse", dpa.RandomizedResponseDpEvent(noise_parameter, num_buckets),
+        reproducible_noise,
     )
-    return Release(np.where(flip, draw, values), noise_parameter, entry, "substitute")
+
+    def draw(key):
+        k_flip, k_draw = random.split(key)
+        coins = random.bits(k_flip, values.shape, jnp.uint32).astype(jnp.uint64)
+        flip = np.asarray(coins < jnp.uint64(threshold))
+        other = np.asarray(random.randint(k_draw, values.shape, 0, num_buckets))
+        return np.where(flip, other, values)
+
+    released = secret_release(rng_key, entry, "substitute", draw, ledger=ledger,
+                              what="randomized_response")
+    return Release(released, noise_parameter, entry, "substitute")

@@ -5,10 +5,14 @@ import math
 import jax
 import numpy as np
 import pytest
+from conftest import attack_success, on_coarse_grid
 from jax import random
 
+import numpyro_dp as ndp
 from numpyro_dp import linreg as lr
+from numpyro_dp import mechanisms as mech
 from numpyro_dp.accounting import epsilon_spent
+from numpyro_dp.secret import ReproducibleNoiseWarning
 
 KEY = random.PRNGKey(0)
 
@@ -51,7 +55,7 @@ def test_sensitivity_closed_form_and_brute_force():
 def test_release_shapes_noise_and_cost():
     X, y = make_data(3000, 3)
     rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, epsilon=1.0,
-                                  delta=1e-6, num_holders=3)
+                                  delta=1e-6, num_holders=3, reproducible_noise=True)
     assert rel.S_hat.shape == (3, 3, 3) and rel.z_hat.shape == (3, 3)
     assert list(rel.n_rows) == [1000, 1000, 1000]
     assert np.allclose(rel.S_hat, np.swapaxes(rel.S_hat, 1, 2))
@@ -104,7 +108,8 @@ def test_noise_aware_posterior_without_noise_is_the_conjugate_posterior(method, 
     X, y = make_data(400, 2, seed=3)
     X *= 0.5 / np.linalg.norm(X, axis=1).max()  # row norms <= 0.5 < 1.2 a priori
     prior = lr.LinRegPrior.default(2)
-    rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, noise_multiplier=noise)
+    rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, noise_multiplier=noise,
+                                  reproducible_noise=True)
     mcmc = lr.fit(random.PRNGKey(1), rel, method, prior, num_warmup=400, num_samples=1000,
                   sigma_y2=0.09)
     draws = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
@@ -146,7 +151,8 @@ def test_bad_inputs_get_clear_errors():
         lr.release_linreg_stats(KEY, X, y, **{**ok, "y_bound": np.abs(y).max()})
     with pytest.raises(ValueError, match="clip=True"):
         lr.release_linreg_stats(KEY, X, y, **{**ok, "y_bound": 0.5})
-    rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, noise_multiplier=50.0)
+    rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, noise_multiplier=50.0,
+                                  reproducible_noise=True)
     assert np.linalg.eigvalsh(rel.S_hat).min() < 0  # a noisy Gram matrix is not PSD
     prior = lr.LinRegPrior.default(2)
     with pytest.raises(ValueError, match="nearest_psd"):
@@ -156,3 +162,106 @@ def test_bad_inputs_get_clear_errors():
         lr.fast_posterior(rel._replace(S_hat=rel.S_hat + np.triu(np.ones((2, 2)), 1)))
     with pytest.raises(ValueError, match="method"):
         lr.fit(KEY, rel, "normalS")
+
+
+# ------------------------------------------------------------ floating point
+def neighbours(n=60, d=3, seed=0):
+    """(X, y) and a neighbour with row 0 replaced, within the bounds 1.2 and 2.5."""
+    X, y = make_data(n, d, seed)
+    X2, y2 = X.copy(), y.copy()
+    X2[0], y2[0] = X[1] * 0.9, -y[0]
+    return (X, y), (X2, y2)
+
+
+def test_float_bits_do_not_tell_neighbours_apart():
+    """Mironov-style attack on (S_hat, z_hat) at a claimed epsilon = 0.1 (it won 200
+    of 200 trials on float32 noise added in float64): near chance on the grid."""
+    (X, y), (X2, y2) = neighbours()
+    z = mech.gaussian_sigma(0.1, 1e-5)
+    rels = [lr.release_linreg_stats(random.PRNGKey(t), X, y, x_bound=1.2, y_bound=2.5,
+                                    noise_multiplier=z) for t in range(200)]
+
+    def stats(X, y):
+        return np.concatenate([(X.T @ X).ravel(), X.T @ y])
+
+    released = [(np.concatenate([r.S_hat.ravel(), r.z_hat.ravel()]), r.sigma) for r in rels]
+    assert attack_success(released, stats(X, y), stats(X2, y2)) <= 0.6
+    assert all(on_coarse_grid(value, scale) for value, scale in released)
+
+
+def test_sensitivity_holds_as_computed(monkeypatch):
+    """Noise-free releases (grid_release at scale 0, rounding to the grid kept) of
+    neighbours differ by at most the charged sensitivity; here X^T y moves by
+    2 x_bound y_bound, its own sensitivity, exactly (the joint bound is not attained)."""
+    grid_release = mech.grid_release
+    monkeypatch.setattr(mech, "grid_release", lambda key, hi, lo, scale, quantum, noise:
+                        grid_release(key, hi, lo, 0.0, quantum, noise))
+    rng, bx, by, iu = np.random.default_rng(1), 1.1, 2.3, np.triu_indices(3)
+    for _ in range(10):
+        X = rng.normal(size=(3000, 3))
+        X *= 2 * bx / np.linalg.norm(X, axis=1, keepdims=True)  # projected onto bx
+        y = rng.choice([-2 * by, 2 * by], size=3000)  # projected onto +-by
+        X2, y2 = X, y.copy()
+        y2[0] = -y[0]
+        rel, rel2 = (lr.release_linreg_stats(KEY, A, b, x_bound=bx, y_bound=by,
+                                             noise_multiplier=1.0, clip=True)
+                     for A, b in ((X, y), (X2, y2)))
+        charged = rel.sigma / rel.entry.per_iteration.noise_multiplier
+        nominal = lr.linreg_sensitivity(bx, by)
+        assert nominal < charged < nominal * (1 + 1e-8)
+        diff = np.concatenate([(rel.S_hat - rel2.S_hat)[0][iu], (rel.z_hat - rel2.z_hat)[0]])
+        assert np.linalg.norm(diff) <= charged
+
+
+RELEASES = {
+    "release_linreg_stats": lambda key, **kw: lr.release_linreg_stats(
+        key, *make_data(300, 2), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5,
+        num_holders=2, **kw),
+    "adassp": lambda key, **kw: lr.adassp(
+        key, *make_data(300, 2), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5,
+        num_holders=2, **kw),
+}
+
+
+def released(rel):
+    return np.concatenate([rel.S_hat.ravel(), rel.z_hat.ravel()]) if hasattr(rel, "S_hat") \
+        else rel.value
+
+
+@pytest.mark.parametrize("name", sorted(RELEASES))
+def test_noise_is_secret_unless_reproducible(name):
+    release = RELEASES[name]
+    first, second = release(KEY), release(KEY)
+    assert not np.array_equal(released(first), released(second))
+    assert not first.entry.reproducible_noise
+    with pytest.warns(ReproducibleNoiseWarning, match="NOT differentially private"):
+        again = [release(KEY, reproducible_noise=True) for _ in range(2)]
+    assert np.array_equal(released(again[0]), released(again[1]))
+    assert again[0].entry.reproducible_noise
+
+
+@pytest.mark.parametrize("name", sorted(RELEASES))
+def test_ledger_is_charged_before_anything_is_drawn(name, monkeypatch):
+    release = RELEASES[name]
+    ledger = ndp.PrivacyLedger(delta=1e-5, epsilon=0.5)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a secret or noise was drawn before the charge")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(mech, "run_secret", refuse)
+        patched.setattr(mech, "grid_release", refuse)
+        patched.setattr(mech, "row_product_sum", refuse)
+        with pytest.raises(ndp.PrivacyBudgetError):
+            release(KEY, ledger=ledger)  # epsilon = 1 > 0.5
+    assert ledger.entries == []
+    roomy = ndp.PrivacyLedger(delta=1e-5, epsilon=2.0)
+    rel = release(KEY, ledger=roomy)
+    assert roomy.entries == [rel.entry]
+
+
+@pytest.mark.parametrize("name", sorted(RELEASES))
+def test_delta_must_be_below_one_over_n(name):
+    X, y = make_data(300, 2)
+    with pytest.raises(ValueError, match=r"1/n = 0\.00333.*0\.00033"):
+        getattr(lr, name)(KEY, X, y, x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1 / 300)
