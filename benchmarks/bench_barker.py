@@ -43,6 +43,7 @@ from test_barker import mixture_model  # noqa: E402
 
 from numpyro_dp.kernels.barker import dp_barker  # noqa: E402
 from numpyro_dp.model import PrivateModel  # noqa: E402
+from numpyro_dp.secret import draw_secret  # noqa: E402
 
 SIZES = (10**5, 10**6, 10**7)
 BATCH = 1000
@@ -56,6 +57,10 @@ def data(n: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
+#: The run secret the kernel's noise comes from (nothing leaves this benchmark).
+SECRET = draw_secret()
+
+
 def kernel_timer(x: np.ndarray):
     pm = PrivateModel(mixture_model, (x,), {})
     init_fn, sample_fn = dp_barker(pm, 0, batch_size=BATCH, n0=100.0, proposal_scale=0.1)
@@ -65,7 +70,7 @@ def kernel_timer(x: np.ndarray):
     @jax.jit
     def run(state, x):
         def body(s, _):
-            return sample_fn(s, (x,), {}), None
+            return sample_fn(s, (x,), {}, SECRET), None
 
         return lax.scan(body, state, None, length=K_KERNEL)[0]
 

@@ -46,6 +46,7 @@ iteration <= 2.0; goal <= 1.2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -77,6 +78,7 @@ def _worker(args: argparse.Namespace) -> dict:
     from numpyro_dp.gradients import select_route
     from numpyro_dp.kernels.hmc import dp_hmc
     from numpyro_dp.model import PrivateModel
+    from numpyro_dp.secret import draw_secret
 
     n, d, L, K, repeats = args.n, args.d, args.num_steps, args.K, args.repeats
 
@@ -125,7 +127,8 @@ def _worker(args: argparse.Namespace) -> dict:
             noise_multiplier_grad=2.0, noise_multiplier_llr=2.0, sensitivity_factor=2.0,
             adapt_step_size=False, adapt_mass_matrix=False, grad_route=route,
         )
-        benches[name] = (looped(sample_fn), init_fn({"w": w0}, step_size, None, random.PRNGKey(2)))
+        step = functools.partial(sample_fn, secret=draw_secret())  # the run's secret
+        benches[name] = (looped(step), init_fn({"w": w0}, step_size, None, random.PRNGKey(2)))
 
     results = {}
     for name, (run, state) in benches.items():

@@ -69,6 +69,7 @@ def _worker(args: argparse.Namespace) -> dict:
     import numpyro_dp as ndp
     from numpyro_dp.kernels.penalty import dp_penalty
     from numpyro_dp.model import PrivateModel
+    from numpyro_dp.secret import draw_secret
 
     dtype = jnp.float32 if args.precision == "float32" else jnp.float64
     n, d, K, repeats = args.n, args.d, args.K, args.repeats
@@ -164,7 +165,7 @@ def _worker(args: argparse.Namespace) -> dict:
     @jax.jit
     def kernel_run(state, X, y):
         def body(s, _):
-            s = sample_fn(s, (X,), {"y": y})
+            s = sample_fn(s, (X,), {"y": y}, draw_secret())
             return s, s.accepted
 
         return lax.scan(body, state, None, length=K)

@@ -64,7 +64,8 @@ class RunPlan:
         when the kernel has none (``None`` for kernels whose dynamics fix the
         noise).
     epsilon : float
-        Epsilon of the ledger after the call (what it holds plus the call).
+        Epsilon of the ledger after the call (what it holds plus the call): a
+        fast upper bound, never below what the run would be charged.
     budget : float or None
         The budget that applies.
     fits : bool
@@ -256,6 +257,12 @@ class PrivateMCMC(MCMC):
             )
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError("num_chains must be a positive integer")
+        if chain_method not in ("parallel", "sequential", "vectorized"):
+            raise ValueError(
+                f"chain_method={chain_method!r}: use 'parallel', 'sequential' or "
+                "'vectorized'. A custom chain method could run other chains than "
+                "the num_chains that are charged."
+            )
         if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
             raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
@@ -456,7 +463,7 @@ class PrivateMCMC(MCMC):
         ledger = self._ledger
         event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
         after = epsilon_spent(dpa.ComposedDpEvent([ledger.event(), event]), ledger.delta,
-                              ledger.neighbourhood, ledger.accountant)
+                              ledger.neighbourhood, ledger.accountant, PLANNING_PLD_INTERVAL)
         if self.epsilon is not None:
             fits = fits and after <= self.epsilon
             affordable = max_iterations(
