@@ -145,7 +145,7 @@ def _one_row_loglik(pm: PrivateModel, model_args, model_kwargs):
 
 
 def _jacobian_route(pm: PrivateModel) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None):
+    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
         loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
         rows = [jnp.asarray(x) if idx is None else jnp.asarray(x)[idx] for x in rows]
         n = rows[0].shape[0]
@@ -158,7 +158,7 @@ def _jacobian_route(pm: PrivateModel) -> Callable:
             jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
             weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), block_mask)
             jac = jnp.where(jnp.isfinite(jac), jac, 0.0)
-            return exact_sum(weights.astype(jac.dtype)[:, None] * jac, bound, n)
+            return exact_sum(weights.astype(jac.dtype)[:, None] * jac, bound, n, levels)
 
         arrays = rows + [mask]
         full = n - n % ROW_BLOCK
@@ -503,7 +503,7 @@ def _check_forced(plan: _Plan, route: str) -> None:
 
 
 # --------------------------------------------------------- linear predictor
-def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
+def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
     g, cut = plan.graph, plan.cut
     dtype = theta.dtype
 
@@ -551,7 +551,7 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
         weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
         return exact_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0),
-                         vector_clip_bound(clip, theta.shape[0], dtype))
+                         vector_clip_bound(clip, theta.shape[0], dtype), levels=levels)
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
@@ -559,25 +559,25 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None):
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
     rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
     return exact_sum(weights.astype(dtype)[:, None] * rows_grad,
-                     vector_clip_bound(clip, theta.shape[0], dtype))
+                     vector_clip_bound(clip, theta.shape[0], dtype), levels=levels)
 
 
 def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None):
+    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
         theta = jnp.asarray(theta)
         plan = _plan(pm, theta.shape, theta.dtype, model_args, model_kwargs)
         _check_forced(plan, route)
         if plan.choice.route == "jacobian":
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask)
+            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask, levels)
         rows = [jnp.asarray(x) for x in _one_row_loglik(pm, model_args, model_kwargs)[1]]
         if idx is not None:
             rows = [x[idx] for x in rows]
         if route == "linear_predictor":
-            return _linear_predictor_sum(plan, theta, clip, rows, mask)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask, levels)
         try:
-            return _linear_predictor_sum(plan, theta, clip, rows, mask)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask, levels)
         except Exception:  # noqa: BLE001 - a tracing failure (shapes only): general route
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask)
+            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask, levels)
 
     return clipped_sum
 
@@ -594,8 +594,10 @@ def clipped_grad_sum_fn(
     docstring); ``hi + lo`` is the sum in the working precision.
 
     The returned function also takes ``idx`` (row indices: sum over those rows
-    only, at a cost independent of ``n``) and ``mask`` (per-index weights in
-    {0, 1}: padded slots of a minibatch buffer contribute 0).
+    only, at a cost independent of ``n``), ``mask`` (per-index weights in
+    {0, 1}: padded slots of a minibatch buffer contribute 0) and ``levels``
+    (of :func:`~numpyro_dp.rounding.exact_sum`, see
+    :func:`~numpyro_dp.rounding.sum_levels`).
 
     Parameters
     ----------

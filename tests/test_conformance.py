@@ -5,12 +5,12 @@ Each release of every kernel goes through one of three gates: ``grid_release``
 kernels, and the subsampled penalty) and ``barker_decision`` (DP Barker).  The
 tests route them through a counter that runs *inside* the compiled sampler
 (``jax.debug.callback``, once per chain under ``vmap``), and compare the count
-with what the ledger charged, for every kernel and configuration (both
-neighbourhoods where supported, full data and minibatches): 1 chain
-(``warmup()`` then ``run()``), 2 chains sequential, 4 chains vectorized with a
-continuation from ``post_warmup_state``, and a refused run.  Chain method
-``"parallel"`` runs in a subprocess with two forced host devices (on one device
-NumPyro falls back to sequential chains).
+with what the ledger charged, for every kernel and configuration (full data
+and minibatches): 1 chain (``warmup()`` then ``run()``), 4 chains vectorized
+with a continuation from ``post_warmup_state``, a refused run, and 2 chains
+with ``chain_method="parallel"`` in a subprocess with two forced host devices
+(on one device NumPyro falls back to sequential chains).  ``make test-all``
+adds 2 chains run sequentially and the add/remove neighbourhood.
 """
 
 import functools
@@ -78,10 +78,18 @@ def data():
     return make_logistic_data(N, 2, seed=11)
 
 
+class Made(list):
+    """Releases recorded at run time; ``len`` waits for pending callbacks first."""
+
+    def __len__(self):
+        jax.effects_barrier()  # callbacks run asynchronously (pmap in particular)
+        return super().__len__()
+
+
 @pytest.fixture
 def releases(monkeypatch):
     """Count the releases made at run time (one per chain under vmap)."""
-    made = []
+    made = Made()
 
     def record(_):
         made.append(1)
@@ -120,12 +128,6 @@ def test_releases_made_equal_releases_charged(data, releases, name):
     mcmc.run(key, X, y=y)
     assert len(releases) == mcmc.privacy_spent().num_releases == 5 * per_iteration
 
-    # 2 chains, sequential
-    mcmc = runner(name, "substitute", 2, "sequential")
-    start = len(releases)
-    mcmc.run(key, X, y=y)
-    assert len(releases) - start == mcmc.privacy_spent().num_releases == 2 * 5 * per_iteration
-
     # 4 chains, vectorized: a run, then a continuation from post_warmup_state
     mcmc = runner(name, "substitute", 4, "vectorized")
     start = len(releases)
@@ -149,13 +151,19 @@ def test_releases_made_equal_releases_charged(data, releases, name):
 ADD_REMOVE = [name for name, spec in KERNELS.items() if "add_remove" in spec[1]]
 
 
-@pytest.mark.parametrize("name", ADD_REMOVE)
-def test_add_remove_releases_made_equal_releases_charged(data, releases, name):
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_two_sequential_chains_and_add_remove(data, releases, name):
+    """The rest of the matrix (make test-all): 2 chains run one after the other
+    (NumPyro's lax.map path), and the add/remove neighbourhood where supported."""
     X, y = data
-    mcmc = runner(name, "add_remove", 2, "vectorized")
-    mcmc.run(jax.random.PRNGKey(0), X, y=y)
-    assert len(releases) == mcmc.privacy_spent().num_releases == 2 * 5 * KERNELS[name][3]
-    assert mcmc.privacy_spent().neighbourhood == "add_remove"
+    per_iteration = KERNELS[name][3]
+    for nb in ("substitute",) + (("add_remove",) if name in ADD_REMOVE else ()):
+        mcmc = runner(name, nb, 2, "sequential")
+        start = len(releases)
+        mcmc.run(jax.random.PRNGKey(0), X, y=y)
+        assert len(releases) - start == mcmc.privacy_spent().num_releases == 2 * 5 * per_iteration
+        assert mcmc.privacy_spent().neighbourhood == nb
 
 
 PARALLEL_SCRIPT = textwrap.dedent("""
@@ -167,7 +175,12 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     import test_conformance as tc
     from conftest import make_logistic_data
 
-    made = []
+    class Made(list):
+        def __len__(self):
+            jax.effects_barrier()
+            return super().__len__()
+
+    made = Made()
 
     def counted(gate):
         def wrapper(key, *args, **kwargs):

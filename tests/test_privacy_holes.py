@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 import zlib
 from pathlib import Path
@@ -197,6 +198,42 @@ def test_5_rerunning_a_cell_with_a_new_kernel_and_runner_accumulates(data, tmp_p
                 mcmc.run(jax.random.PRNGKey(cell), X, y=y)
     reopened = ndp.PrivacyLedger.open(path)
     assert len(reopened.entries) == 2 and reopened.epsilon() <= 1.3
+
+
+KILLED_RUN = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import jax
+    import numpyro_dp as ndp
+    from conftest import logistic_model, make_logistic_data
+    X, y = make_logistic_data(601, 3, seed=5)
+    ledger = ndp.PrivacyLedger.open({path!r})
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=30.0)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=10**7, ledger=ledger,
+                           progress_bar=True)  # a long run, killed while it samples
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+""")
+
+
+def test_5_a_run_killed_while_sampling_stays_charged_exactly_once(tmp_path):
+    path = tmp_path / "killed.ledger"
+    ndp.PrivacyLedger.open(path, delta=1e-5)
+    script = KILLED_RUN.format(tests=str(Path(__file__).parent), path=str(path))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ndp.PrivacyLedger.open(path).entries:  # charged before the first iteration
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(3)  # well into the iterations
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    (entry,) = ndp.PrivacyLedger.open(path).entries
+    assert (entry.kernel, entry.num_chains, entry.num_iterations) == ("DPPenalty", 1, 10**7)
 
 
 # --------------------------------------------------- 6. exhausted or absurd budgets
@@ -396,7 +433,7 @@ def _cache_blob(cache: Path) -> bytes:
     return b"".join(blobs)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("devices", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_12_no_row_reaches_the_persistent_compilation_cache(tmp_path, devices):
     rng = np.random.default_rng(9)
     X = (rng.normal(size=(211, 3)) * 0.5 + 0.123456).astype(np.float32)

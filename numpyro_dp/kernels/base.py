@@ -30,10 +30,12 @@ from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.rounding import (
     exact_sum,
+    exact_sum_error,
+    grid_quantum,
     grid_release,
     grid_sensitivity,
-    noise_quantum,
     row_quantum,
+    sum_levels,
     unit_roundoff,
 )
 
@@ -71,20 +73,22 @@ def clipped_sum_sensitivity(
 ):
     """``(Delta, q)``: sensitivity of a released sum *as computed*, and its grid step.
 
-    ``num_terms`` rows, each of l2 norm at most ``row_bound``, are rounded to
-    the grid :func:`~numpyro_dp.rounding.row_quantum` one by one (a row then has
-    norm at most ``row_bound + sqrt(dim) q_rows / 2``) and summed exactly by
-    :func:`~numpyro_dp.rounding.exact_sum`.  Noise of standard deviation about
-    ``sigma`` needs a grid no finer than :func:`~numpyro_dp.rounding.noise_quantum`;
-    if that is coarser, the sum is rounded to it too, which adds
-    ``sqrt(dim) q`` (both data sets).  The one formula that both a release and
-    its accountant use.
+    ``num_terms`` rows, each of l2 norm at most ``row_bound``, are rounded one
+    by one to :func:`~numpyro_dp.rounding.row_quantum` (a row then has norm at
+    most ``row_bound + sqrt(dim) q_row / 2``) and summed by
+    :func:`~numpyro_dp.rounding.exact_sum` (error at most ``E``,
+    :func:`~numpyro_dp.rounding.exact_sum_error`); the release rounds the sum to
+    the grid ``q`` of :func:`~numpyro_dp.rounding.grid_quantum` (its magnitude
+    and a noise of standard deviation about ``sigma``), which adds at most
+    ``sqrt(dim) q`` (both data sets).  So
+    ``Delta = factor (row_bound + sqrt(dim) q_row / 2) + 2 E + sqrt(dim) q``.
+    The one formula that both a release and its accountant use.
     """
-    q_rows = row_quantum(row_bound, num_terms, dtype)
-    quantum = jnp.maximum(q_rows, noise_quantum(sigma, dtype))
-    rows = sensitivity_factor * (row_bound + math.sqrt(dim) * q_rows / 2)
-    coarser = jnp.where(quantum > q_rows, grid_sensitivity(quantum, dim), 0.0)
-    return rows + coarser, quantum
+    q_row = row_quantum(row_bound, num_terms, dtype)
+    quantum = grid_quantum(num_terms * row_bound, sigma, dtype)
+    rows = sensitivity_factor * (row_bound + math.sqrt(dim) * q_row / 2)
+    error = exact_sum_error(num_terms, row_bound, dtype)
+    return rows + 2.0 * error + grid_sensitivity(quantum, dim), quantum
 
 
 def release_clipped_sum(
@@ -152,7 +156,8 @@ def release_llr(
     :func:`clipped_sum_sensitivity` charges).  ``clip_ratios`` keeps every term
     within ``[-clip, clip]``.
     """
-    total = exact_sum(clip_ratios(ratio, clip), clip)
+    levels = sum_levels(noise_multiplier * sensitivity_factor, ratio.dtype)
+    total = exact_sum(clip_ratios(ratio, clip), clip, levels=levels)
     value, sigma = release_clipped_sum(
         key, total, ratio.shape[0], clip,
         noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,

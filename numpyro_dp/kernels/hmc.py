@@ -52,6 +52,7 @@ from numpyro_dp.kernels.base import (
     release_llr,
 )
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.rounding import sum_levels
 from numpyro_dp.secret import noise_key
 
 
@@ -154,6 +155,7 @@ def dp_hmc(
     pm = private_model
     dim = pm.num_params
     clipped_sum, _ = clipped_grad_sum_fn(pm, grad_route)
+    levels = sum_levels(noise_multiplier_grad * sensitivity_factor, jnp.result_type(float))
     wa_init, wa_update = warmup_adapter(
         num_warmup,
         adapt_step_size=adapt_step_size,
@@ -200,7 +202,7 @@ def dp_hmc(
             return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
 
         def noisy_grad(theta, key):  # one Gaussian release (plus the public prior)
-            total = clipped_sum(theta, grad_clip, model_args, model_kwargs)
+            total = clipped_sum(theta, grad_clip, model_args, model_kwargs, levels=levels)
             released, _ = release_clipped_sum(
                 noise_key(secret, key), total, pm.num_rows,
                 vector_clip_bound(grad_clip, dim, theta.dtype),

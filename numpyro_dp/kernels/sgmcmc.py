@@ -54,6 +54,7 @@ from numpyro_dp.kernels.base import (
     release_sum_with_noise,
 )
 from numpyro_dp.model import PrivateModel
+from numpyro_dp.rounding import sum_levels
 from numpyro_dp.secret import noise_key
 
 BATCHINGS = ("poisson", "without_replacement")
@@ -115,6 +116,7 @@ def noisy_gradient_fn(
     temperature: float,
     grad_route: str,
     sum_noise: Callable,
+    step_size: float,
 ) -> Callable:
     """``(theta, eta, key, secret, model_args, model_kwargs) -> G_hat``: the released estimate.
 
@@ -130,6 +132,8 @@ def noisy_gradient_fn(
     clipped_sum, _ = clipped_grad_sum_fn(pm, grad_route)
     scale = temperature * n / batch_size
     num_terms = summed_rows(n, batch_size, batching)
+    # The first iteration's step is the largest, so its noise is the smallest.
+    levels = sum_levels(float(sum_noise(step_size)) / grad_clip, jnp.result_type(float))
 
     def noisy_gradient(theta, eta, key, secret, model_args, model_kwargs):
         key_batch, key_noise = random.split(key)
@@ -138,7 +142,7 @@ def noisy_gradient_fn(
             idx, mask = poisson_batch(key_batch, n, batch_size / n, num_terms)
         else:
             idx, mask = sample_without_replacement(key_batch, n, batch_size), None
-        total = clipped_sum(theta, grad_clip, model_args, model_kwargs, idx, mask)
+        total = clipped_sum(theta, grad_clip, model_args, model_kwargs, idx, mask, levels)
         row_bound = vector_clip_bound(grad_clip, pm.num_params, theta.dtype)
         released = release_sum_with_noise(key_noise, total, num_terms, row_bound, sum_noise(eta))
         return scale * released
@@ -171,7 +175,7 @@ def _sg_core(
     """
     pm = private_model
     dim = pm.num_params
-    noisy_gradient = noisy_gradient_fn(pm, **grad_kwargs)
+    noisy_gradient = noisy_gradient_fn(pm, step_size=step_size, **grad_kwargs)
 
     def init_fn(init_params: dict, rng_key):
         theta = pm.ravel(init_params)
