@@ -25,6 +25,7 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # a reproduction run (about 80 s on 2 cores): make test-all
 def test_quick_mode_writes_resumable_csvs_and_figures(script, tmp_path):
     argv = ["--quick", "--out", str(tmp_path)]
     comparison = ["--parts", "comparison", "--models", "gaussian", "--kernels", "DPHMC", "DPSGLD"]
