@@ -12,8 +12,10 @@ from dp_accounting import gaussian_mechanism as dpa_gaussian
 from dp_accounting.pld import pld_privacy_accountant
 from jax import random
 from scipy.stats import norm
+from test_linreg import make_data as linreg_data
 
 import numpyro_dp as ndp
+from numpyro_dp import linreg as lr
 from numpyro_dp import mechanisms as mech
 from numpyro_dp.accounting import epsilon_spent
 from numpyro_dp.secret import ReproducibleNoiseWarning
@@ -216,18 +218,31 @@ RELEASES = {
         key, neighbours()[0], 1.0, epsilon=1.0, delta=1e-5, **kw),
     "randomized_response": lambda key, **kw: mech.randomized_response(
         key, np.arange(1000) % 3, 3, epsilon=1.0, **kw),
+    "release_linreg_stats": lambda key, **kw: lr.release_linreg_stats(
+        key, *linreg_data(300, 2), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5,
+        num_holders=2, **kw),
+    "adassp": lambda key, **kw: lr.adassp(
+        key, *linreg_data(300, 2), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5,
+        num_holders=2, **kw),
 }
+
+
+def released(rel):
+    """A release's published numbers (linreg releases hold two statistics)."""
+    if hasattr(rel, "S_hat"):
+        return np.concatenate([rel.S_hat.ravel(), rel.z_hat.ravel()])
+    return np.asarray(rel.value)
 
 
 @pytest.mark.parametrize("name", sorted(RELEASES))
 def test_noise_is_secret_unless_reproducible(name):
     release = RELEASES[name]
     first, second = release(KEY), release(KEY)
-    assert not np.array_equal(first.value, second.value)  # the key does not fix the noise
+    assert not np.array_equal(released(first), released(second))  # the key does not fix it
     assert not first.entry.reproducible_noise
     with pytest.warns(ReproducibleNoiseWarning, match="NOT differentially private"):
         again = [release(KEY, reproducible_noise=True) for _ in range(2)]
-    assert np.array_equal(again[0].value, again[1].value)
+    assert np.array_equal(released(again[0]), released(again[1]))
     assert again[0].entry.reproducible_noise
 
 
@@ -242,6 +257,7 @@ def test_ledger_is_charged_before_anything_is_drawn(name, monkeypatch):
     with monkeypatch.context() as patched:
         patched.setattr(mech, "run_secret", refuse)
         patched.setattr(mech, "grid_release", refuse)
+        patched.setattr(mech, "row_product_sum", refuse)
         with pytest.raises(ndp.PrivacyBudgetError):
             release(KEY, ledger=ledger)  # epsilon = 1 > 0.5
     assert ledger.entries == []
