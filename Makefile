@@ -4,7 +4,8 @@
 #   make demo    run examples/quickstart.py
 #   make test    run the fast tier of the test suite: everything but the
 #                statistical tests marked slow (exits non-zero on failure);
-#                extra pytest arguments: make test PYTEST_ARGS='-k accounting'
+#                extra pytest arguments: make test PYTEST_ARGS='-k accounting';
+#                PYTEST_WORKERS=0 runs in this process
 #   make test-all  run the whole suite (what CI runs)
 #   make lint    run ruff on the repository
 #   make bench   run benchmarks/bench_penalty.py, bench_hmc.py, bench_barker.py
@@ -16,6 +17,9 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: the tests are mostly single-threaded compilation, so
+# two workers nearly halve the wall time on CI's two cores.
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-all lint bench clean
 
@@ -31,10 +35,10 @@ demo: $(STAMP)
 	$(VPY) examples/quickstart.py
 
 test: $(STAMP)
-	$(VPY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(STAMP)
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

@@ -83,6 +83,7 @@ def test_correction_sampler_draws_the_fitted_mixture():
 
 
 # ------------------------------------------------------------- target
+@pytest.mark.slow
 def test_tempered_gaussian_mean_matches_closed_form():
     """x ~ N(theta, 1), prior N(0, 10^2), T = n0 / n: the tempered posterior is
     N(n0 xbar / (n0 + 0.01), 1 / (n0 + 0.01)).  No ratio is clipped here

@@ -10,7 +10,8 @@ and minibatches): 1 chain (``warmup()`` then ``run()``), 4 chains vectorized
 with a continuation from ``post_warmup_state``, a refused run, and 2 chains
 with ``chain_method="parallel"`` in a subprocess with two forced host devices
 (on one device NumPyro falls back to sequential chains).  ``make test-all``
-adds 2 chains run sequentially and the add/remove neighbourhood.
+adds 2 chains run sequentially (twice: a second run without ``post_warmup_state``
+warms up again) and the add/remove neighbourhood.
 """
 
 import functools
@@ -164,6 +165,8 @@ def test_two_sequential_chains_and_add_remove(data, releases, name):
         mcmc.run(jax.random.PRNGKey(0), X, y=y)
         assert len(releases) - start == mcmc.privacy_spent().num_releases == 2 * 5 * per_iteration
         assert mcmc.privacy_spent().neighbourhood == nb
+    mcmc.run(jax.random.PRNGKey(1), X, y=y)  # no post_warmup_state: warm-up and samples again
+    assert len(releases) - start == mcmc.privacy_spent().num_releases == 2 * 2 * 5 * per_iteration
 
 
 PARALLEL_SCRIPT = textwrap.dedent("""

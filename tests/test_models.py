@@ -30,6 +30,7 @@ def assert_same_moments(a, b):
                                  5 * np.hypot(se_var(a, ess_a), se_var(b, len(b))))
 
 
+@pytest.mark.slow
 def test_banana_any_dimension_and_temperature_match_nuts():
     kw = dict(a=1.0, b=0.5, m=0.2, prior_var=10.0, row_var=(4.0, 2.0, 1.0))
     X = models.banana_data(random.PRNGKey(1), 50, theta=(0.3, 1.0, -0.5), a=1.0, b=0.5, m=0.2,
@@ -54,6 +55,7 @@ def test_gaussian_covariance_is_the_papers_construction():
                                np.sort(np.asarray(random.gamma(k_lam, 0.5, (10,)))), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_gaussian_exact_sampler_matches_nuts_and_closed_form():
     cov = models.gaussian_covariance(random.PRNGKey(4), 3) + 0.1 * np.eye(3)
     X = models.gaussian_data(random.PRNGKey(5), 40, cov, theta=(1.0, -1.0, 0.5))

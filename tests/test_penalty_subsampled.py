@@ -38,6 +38,7 @@ def test_release_moves_by_at_most_the_combined_sensitivity_and_attains_it():
         assert abs(float(value(r)[0] - value(r2)[0])) <= bound * (1 + 1e-5)
 
 
+@pytest.mark.slow
 def test_tempered_gaussian_mean_matches_closed_form():
     """x ~ N(theta, 1), prior N(0, 10^2), T = n0 / n: tempered posterior
     N(n0 xbar / (n0 + 0.01), 1 / (n0 + 0.01)).  llr_clip = 8 clips no ratio

@@ -122,6 +122,7 @@ def table_6_3a_event(num_epochs=200):
     return dpa.ComposedDpEvent(events)
 
 
+@pytest.mark.slow
 def test_spec_s7_check_figure_at_delta_1e_5():
     eps = epsilon_spent(table_6_3a_event(), 1e-5, "add_remove", "pld")
     assert eps == pytest.approx(0.763, rel=0.01)
@@ -170,6 +171,7 @@ def sgld(X, **kw):
                       kw.pop("grad_clip", 1.0), **kw)
 
 
+@pytest.mark.slow
 def test_decreasing_steps_compose_like_dp_accounting():
     X = gaussian_data(1000)
     kernel = sgld(X, step_schedule="decreasing")
@@ -185,6 +187,7 @@ def test_decreasing_steps_compose_like_dp_accounting():
     assert direct <= got <= direct * 1.02
 
 
+@pytest.mark.slow
 def test_ledger_charges_warmup_and_continuation_at_their_iterations():
     X = gaussian_data(500)
     kernel = sgld(X, step_schedule="decreasing", batch_size=50)
