@@ -24,6 +24,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.kernels.base import DPKernel, RunInputs
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
+from numpyro_dp.model import tabular_to_numpy
 from numpyro_dp.secret import run_secret
 
 #: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
@@ -443,6 +444,7 @@ class PrivateMCMC(MCMC):
         """
         kernel = self.sampler
         if model_args or model_kwargs:
+            model_args, model_kwargs = tabular_to_numpy((model_args, model_kwargs))
             num_rows = kernel.prepare(model_args, model_kwargs).num_rows
         if num_rows is not None:
             check_delta_for_rows(self.delta, num_rows)
@@ -550,6 +552,7 @@ class PrivateMCMC(MCMC):
                 )
         self._check_keys(rng_key)
         self._check_post_warmup_state()
+        args, kwargs = tabular_to_numpy((args, kwargs))
         pm = kernel.prepare(args, kwargs)  # validates model and data before any charge
         check_delta_for_rows(self.delta, pm.num_rows)
         self._check_init_params(init_params, pm.param_shapes)

@@ -136,6 +136,64 @@ def _model_error(
     )
 
 
+def _structure_trace(model: Callable, model_args: tuple, model_kwargs: dict) -> dict:
+    """A trace of ``model`` whose latent values come from ``init_to_uniform``.
+
+    No latent is drawn from its prior, so priors without a sampler (NumPyro's
+    ``ImproperUniform``, common in models translated from Stan) are accepted.
+    """
+    seeded = handlers.seed(model, 0)
+    return handlers.trace(handlers.substitute(seeded, substitute_fn=init_to_uniform)).get_trace(
+        *model_args, **model_kwargs
+    )
+
+
+#: What JAX raises when a model turns a traced argument into a Python value.
+_CONCRETIZATION_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+_CONCRETIZATION_MESSAGE = (
+    "The model turns its data into a Python value: a size such as "
+    "`int(g.max()) + 1`, a shape, an `if` on data values, or a NumPy call on a data "
+    "array. numpyro-dp runs the model with the rows as arguments of a compiled "
+    "program, and such a value is a statistic of the private data that no noise "
+    "protects. Compute it from public knowledge and pass it as an argument that is "
+    "not per-row, e.g. `model(X, g, num_groups=G)` (G the number of groups the data "
+    "could have, known without looking at them) and "
+    "`numpyro.sample('a', dist.Normal(0, 1).expand([num_groups]))`; use jnp, not np, "
+    "on data arrays inside the model."
+)
+
+
+def tabular_to_numpy(tree: Any) -> Any:
+    """``tree`` with every pandas DataFrame, Series or Index replaced by its NumPy array.
+
+    Models read their data as arrays (``X @ w``), and a pandas object is not a
+    JAX array type; non-numeric columns are refused with the fix.
+    """
+
+    def convert(x: Any) -> Any:
+        if type(x).__module__.split(".")[0] != "pandas" or not hasattr(x, "to_numpy"):
+            return x
+        values = x.to_numpy()
+        if values.dtype == object or not (
+            np.issubdtype(values.dtype, np.number) or values.dtype == bool
+        ):
+            raise ModelSpecificationError(
+                f"A pandas {type(x).__name__} argument holds non-numeric values or "
+                "missing values (its NumPy dtype is not numeric). Encode categories as "
+                "numbers (e.g. `pd.get_dummies(df, dtype=float)` or `.cat.codes`) and "
+                "handle missing values before the call, then pass `df.to_numpy(float)`."
+            )
+        return values
+
+    return jax.tree_util.tree_map(convert, tree)
+
+
 def _zeros_like_arrays(tree: Any) -> Any:
     """``tree`` with every array replaced by zeros of its shape and dtype."""
     return jax.tree_util.tree_map(lambda x: np.zeros_like(x) if _is_array(x) else x, tree)
@@ -197,9 +255,7 @@ class PrivateModel:
         self.model = model
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         try:
-            trace = handlers.trace(handlers.seed(model, 0)).get_trace(
-                *model_args, **model_kwargs
-            )
+            trace = _structure_trace(model, model_args, model_kwargs)
         except Exception as err:
             # NumPyro's argument validation trips over NaN/inf data (e.g. a NaN
             # covariate makes an invalid `loc`) before the checks below can run:
@@ -211,7 +267,7 @@ class PrivateModel:
                     raise ModelSpecificationError(_nonfinite_message(what)) from None
             def rerun():
                 zeros_args, zeros_kwargs = _zeros_like_arrays((model_args, model_kwargs))
-                handlers.trace(handlers.seed(model, 0)).get_trace(*zeros_args, **zeros_kwargs)
+                _structure_trace(model, zeros_args, zeros_kwargs)
 
             raise _model_error(err, "The model fails when run on its data", rerun) from None
         self.data_plate, (self._plate_dim, self.num_rows) = self._find_data_plate(
@@ -238,7 +294,10 @@ class PrivateModel:
         self.num_params = int(ravel_pytree(example_u)[0].size)
         #: Shape of each latent site in unconstrained space (public structure).
         self.param_shapes = {n: tuple(jnp.shape(v)) for n, v in example_u.items()}
-        self._deterministic = self._check_data_free(example_u, model_args, model_kwargs)
+        try:
+            self._deterministic = self._check_data_free(example_u, model_args, model_kwargs)
+        except _CONCRETIZATION_ERRORS:
+            raise ModelSpecificationError(_CONCRETIZATION_MESSAGE) from None
         self._check_single_row(model_args, model_kwargs)
 
     # ------------------------------------------------------------------ setup
@@ -373,7 +432,7 @@ class PrivateModel:
             leaves, treedef, [jnp.asarray(leaves[i])[:1] for i in self._row_leaf_index]
         )
         try:
-            trace = handlers.trace(handlers.seed(self.model, 0)).get_trace(*args, **kwargs)
+            trace = _structure_trace(self.model, args, kwargs)
             size = self._plate_size(trace)
         except Exception as err:  # the message may quote data values: name the type only
             raise _model_error(
