@@ -1,6 +1,6 @@
 """numpyro-dp: differentially private MCMC for NumPyro models."""
 
-from numpyro_dp import diagnostics, linreg, mechanisms, models, secret
+from numpyro_dp import diagnostics, linreg, mechanisms, mixing, models, secret
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
     calibrate_noise_multiplier,
@@ -29,6 +29,7 @@ from numpyro_dp.kernels.barker import (
 )
 from numpyro_dp.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
 from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
+from numpyro_dp.mixing import MixingReport, MixingWarning
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 
 __version__ = "0.1.0"
@@ -50,6 +51,8 @@ __all__ = [
     "DPSGNHT",
     "DPSGState",
     "LedgerCorruptedError",
+    "MixingReport",
+    "MixingWarning",
     "ModelSpecificationError",
     "PrivacyBudgetError",
     "PrivacyLedger",
@@ -64,6 +67,7 @@ __all__ = [
     "linreg",
     "max_iterations",
     "mechanisms",
+    "mixing",
     "models",
     "secret",
     "to_inference_data",

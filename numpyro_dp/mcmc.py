@@ -24,6 +24,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.kernels.base import DPKernel, RunInputs
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
+from numpyro_dp.mixing import MixingReport, mixing_report, warn_if_not_mixed
 from numpyro_dp.model import tabular_to_numpy
 from numpyro_dp.secret import run_secret
 
@@ -180,6 +181,17 @@ class PrivateMCMC(MCMC):
         A calibrated run whose budget left could pay for it only with a larger
         per-iteration noise multiplier is refused (its draws would be noise),
         with what is left and what the run would need.
+    check_mixing : bool
+        After each call that draws samples, compute split R-hat, bulk ESS and
+        how often each chain moved from its draws (free post-processing, kept
+        in :attr:`mixing`) and warn with a :class:`~numpyro_dp.MixingWarning`
+        when the chains hardly moved or did not mix (:mod:`numpyro_dp.mixing`).
+
+    Attributes
+    ----------
+    mixing : MixingReport or None
+        The mixing figures of the last call's draws (None before a call that
+        drew at least 4 samples per chain, or with ``check_mixing=False``).
 
     Notes
     -----
@@ -208,6 +220,7 @@ class PrivateMCMC(MCMC):
         ledger: PrivacyLedger | None = None,
         reproducible_noise: bool = False,
         max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
+        check_mixing: bool = True,
     ):
         if not isinstance(sampler, DPKernel):
             raise TypeError(
@@ -282,6 +295,8 @@ class PrivateMCMC(MCMC):
         self.delta = delta
         self.reproducible_noise = bool(reproducible_noise)
         self.max_noise_multiplier = float(max_noise_multiplier)
+        self.check_mixing = bool(check_mixing)
+        self.mixing: MixingReport | None = None
         self._calibrate = calibrate
         self._ledger = (
             PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
@@ -570,6 +585,10 @@ class PrivateMCMC(MCMC):
         finally:
             self.chain_method = chain_method
             self._data = None
+        if self.check_mixing and "sample" in phase:
+            # Post-processing of the released draws: free.
+            self.mixing = mixing_report(self.get_samples(group_by_chain=True))
+            warn_if_not_mixed(self.mixing, stacklevel=2)
 
     def privacy_budget_left(self) -> float | None:
         """Epsilon left of the budget (None when no budget was stated)."""

@@ -1,0 +1,71 @@
+"""Honest diagnostics (issue 18, item 5): a run whose chains did not move or mix
+warns, from its released draws only."""
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from conftest import logistic_model, make_logistic_data
+
+import numpyro_dp as ndp
+from numpyro_dp.mixing import ESS_LIMIT, RHAT_LIMIT, mixing_report
+
+
+def test_independent_draws_look_mixed():
+    rng = np.random.default_rng(0)
+    report = mixing_report({"a": rng.normal(size=(4, 500)), "b": rng.normal(size=(4, 500, 3))})
+    assert report.problems == []
+    assert report.max_rhat < RHAT_LIMIT and report.min_ess > ESS_LIMIT
+    np.testing.assert_array_equal(report.moved, 1.0)
+    assert report.num_draws == 500 and "looks mixed" in str(report)
+
+
+def test_frozen_separated_and_slow_chains_are_named():
+    rng = np.random.default_rng(1)
+    frozen = np.zeros((4, 200))
+    report = mixing_report({"w": frozen})
+    assert report.max_rhat == np.inf and report.min_ess == 0.0
+    np.testing.assert_array_equal(report.moved, 0.0)
+    assert len(report.problems) == 3 and "chain 0: 0.0%" in report.problems[0]
+
+    apart = rng.normal(size=(4, 200)) + np.arange(4)[:, None] * 5.0  # each chain elsewhere
+    report = mixing_report({"w": apart})
+    assert report.max_rhat > 2 and any("R-hat" in p for p in report.problems)
+
+    walk = np.cumsum(rng.normal(size=(4, 200)) * 0.01, axis=1)  # moving, but tiny steps
+    report = mixing_report({"mu": rng.normal(size=(4, 200)), "w": walk})
+    assert (report.min_ess_site, report.max_rhat_site) == ("w", "w")
+    assert report.min_ess < ESS_LIMIT
+
+
+def test_too_few_draws_give_no_report():
+    assert mixing_report({"w": np.zeros((2, 3))}) is None
+
+
+def frozen_run(**kwargs):
+    """The README's first snippet at n = 600, epsilon = 1: the noise leaves the
+    adapted random walk too small a step to leave the starts."""
+    X, y = make_logistic_data(600, 3, seed=2)
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=0.5, proposal_scale=0.01)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=100, num_samples=300, num_chains=4, epsilon=1.0,
+                           delta=1e-6, progress_bar=False, chain_method="vectorized", **kwargs)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    return mcmc
+
+
+def test_a_run_that_did_not_mix_warns_and_keeps_the_figures():
+    with pytest.warns(ndp.MixingWarning, match="do not represent the posterior") as caught:
+        mcmc = frozen_run()
+    assert mcmc.mixing.problems and mcmc.mixing.max_rhat > RHAT_LIMIT
+    assert "R-hat" in str(caught[0].message)
+    # The figures are those of the released draws: anyone can recompute them.
+    again = mixing_report(mcmc.get_samples(group_by_chain=True))
+    assert again[:4] == mcmc.mixing[:4] and np.array_equal(again.moved, mcmc.mixing.moved)
+
+
+def test_the_check_can_be_turned_off():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndp.MixingWarning)
+        mcmc = frozen_run(check_mixing=False)
+    assert mcmc.mixing is None
