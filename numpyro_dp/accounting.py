@@ -409,17 +409,95 @@ def _composed_pld(event: dpa.DpEvent, relation, interval: float, neighbourhood: 
     The last few are kept, keyed by the event's repr (which spells out every
     field), so one run's epsilon at several deltas, or checked and then
     reported, is composed once.  ``get_epsilon`` does not change an accountant.
+    Events made of subsampled Gaussians only are composed by
+    :class:`_SubsampledComposition`, the same PLD built from cached parts.
     """
     key = (repr(event), relation, interval)
     acc = _pld_cache.pop(key, None)
     if acc is None:
         acc = pld_privacy_accountant.PLDAccountant(relation, interval)
         _check_supported(acc, event, "pld", neighbourhood)
-        acc.compose(event)
-    _pld_cache[key] = acc  # the most recently used last
-    while len(_pld_cache) > PLD_CACHE_SIZE:
-        del _pld_cache[next(iter(_pld_cache))]
+        leaves = _subsampled_leaves(event)
+        if leaves is None:
+            acc.compose(event)
+        else:
+            acc = _SubsampledComposition(leaves, relation, interval)
+    _lru_put(_pld_cache, key, acc)
     return acc
+
+
+#: One iteration's PLD of each recently used subsampled Gaussian.
+_leaf_pld_cache: dict[tuple, privacy_loss_distribution.PrivacyLossDistribution] = {}
+LEAF_PLD_CACHE_SIZE = 8
+
+
+def _lru_put(cache: dict, key, value, size: int = PLD_CACHE_SIZE) -> None:
+    cache[key] = value  # the most recently used last
+    while len(cache) > size:
+        del cache[next(iter(cache))]
+
+
+def _subsampled_leaves(event: dpa.DpEvent, count: int = 1):
+    """``[(leaf, times), ...]`` in composition order if ``event`` composes only
+    Poisson-subsampled or truncated-subsampled Gaussians with positive noise and
+    rates (and no-ops); otherwise None."""
+    if isinstance(event, dpa.NoOpDpEvent):
+        return []
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return _subsampled_leaves(event.event, count * event.count)
+    if isinstance(event, dpa.ComposedDpEvent):
+        parts = [_subsampled_leaves(e, count) for e in event.events]
+        return None if any(p is None for p in parts) else [x for p in parts for x in p]
+    if (isinstance(event, dpa.PoissonSampledDpEvent)
+            and isinstance(event.event, dpa.GaussianDpEvent)
+            and event.sampling_probability > 0 and event.event.noise_multiplier > 0):
+        return [(event, count)]
+    if (isinstance(event, dpa.TruncatedSubsampledGaussianDpEvent)
+            and event.sampling_probability > 0 and event.truncated_batch_size > 0
+            and event.dataset_size > 0 and event.noise_multiplier > 0):
+        return [(event, count)]
+    return None
+
+
+def _leaf_pld(leaf: dpa.DpEvent, relation, interval: float):
+    """One ``leaf``'s PLD, built with the arguments ``PLDAccountant`` uses."""
+    key = (repr(leaf), relation, interval)
+    pld = _leaf_pld_cache.pop(key, None)
+    if pld is None:
+        if isinstance(leaf, dpa.PoissonSampledDpEvent):
+            pld = privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=leaf.event.noise_multiplier,
+                value_discretization_interval=interval,
+                sampling_prob=leaf.sampling_probability,
+                neighboring_relation=relation,
+            )
+        else:
+            pld = privacy_loss_distribution.from_truncated_subsampled_gaussian_mechanism(
+                dataset_size=leaf.dataset_size,
+                sampling_probability=leaf.sampling_probability,
+                truncated_batch_size=leaf.truncated_batch_size,
+                noise_multiplier=leaf.noise_multiplier,
+                value_discretization_interval=interval,
+                neighboring_relation=relation,
+            )
+    _lru_put(_leaf_pld_cache, key, pld, LEAF_PLD_CACHE_SIZE)
+    return pld
+
+
+class _SubsampledComposition:
+    """``PLDAccountant.compose`` of subsampled Gaussians, step for step (identity,
+    then each leaf's PLD self-composed and composed in order), with each leaf's
+    PLD built once: planning asks about the same iteration at many counts, and
+    building it is most of the cost.  Tested equal to ``PLDAccountant``."""
+
+    def __init__(self, leaves, relation, interval: float):
+        pld = privacy_loss_distribution.identity(value_discretization_interval=interval)
+        for leaf, count in leaves:
+            pld = pld.compose(_leaf_pld(leaf, relation, interval).self_compose(count))
+        self._pld = pld
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return self._pld.get_epsilon_for_delta(target_delta)
 
 
 def _pld_epsilon(event: dpa.DpEvent, relation, delta: float, neighbourhood: str) -> float:

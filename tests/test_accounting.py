@@ -237,24 +237,52 @@ def test_composed_pld_is_reused_across_deltas_and_only_for_the_same_event(monkey
     deltas = (1e-6, 1e-4, 1e-2)
     fresh = [math.nextafter(pld_reference(event(1.0), delta), math.inf) for delta in deltas]
     composed = []
-    original = pld_privacy_accountant.PLDAccountant.compose
 
-    def counting(self, e, count=1):
-        composed.append(e)
-        return original(self, e, count)
+    class Counting(acc._SubsampledComposition):
+        def __init__(self, leaves, relation, interval):
+            composed.append(leaves[0][0])
+            super().__init__(leaves, relation, interval)
 
     monkeypatch.setattr(acc, "_pld_cache", {})
-    monkeypatch.setattr(pld_privacy_accountant.PLDAccountant, "compose", counting)
+    monkeypatch.setattr(acc, "_SubsampledComposition", Counting)
     assert [acc.epsilon_spent(event(1.0), delta, "add_remove") for delta in deltas] == fresh
     assert len(composed) == 2
     # An event that differs in the last digit of its noise is composed afresh.
     nudged = math.nextafter(1.0, 2.0)
     acc.epsilon_spent(event(nudged), 1e-6, "add_remove")
-    assert len(composed) == 4 and composed[-1] == event(nudged)
+    assert len(composed) == 4 and composed[-1] == event(nudged).event
     # Only the last few are kept.
     for z in (1.5, 2.0, 2.5):
         acc.epsilon_spent(event(z), 1e-6, "add_remove")
     assert len(acc._pld_cache) == acc.PLD_CACHE_SIZE
+
+
+@pytest.mark.parametrize("relation", ["substitute", "add_remove"])
+def test_subsampled_compositions_equal_dp_accountings_step_for_step(relation, monkeypatch):
+    """Planning composes each subsampled Gaussian's PLD once and self-composes it
+    (the leaf cache); the answers are dp-accounting's PLDAccountant's, exactly."""
+    monkeypatch.setattr(acc, "_pld_cache", {})
+    monkeypatch.setattr(acc, "_leaf_pld_cache", {})
+    poisson = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.3))
+    truncated = dpa.TruncatedSubsampledGaussianDpEvent(10_000, 0.01, 150, 1.1)
+    events = [
+        dpa.SelfComposedDpEvent(poisson, 300),
+        dpa.SelfComposedDpEvent(dpa.SelfComposedDpEvent(poisson, 250), 4),  # chains
+        dpa.ComposedDpEvent([dpa.NoOpDpEvent(), dpa.SelfComposedDpEvent(truncated, 40),
+                             dpa.SelfComposedDpEvent(poisson, 7), poisson]),
+    ]
+    rel = acc._RELATION[relation]
+    for event in events:
+        for interval in (1e-2, 1e-3):
+            reference = pld_privacy_accountant.PLDAccountant(rel, interval)
+            reference.compose(event)
+            ours = acc._composed_pld(event, rel, interval, relation)
+            assert isinstance(ours, acc._SubsampledComposition)
+            for delta in (1e-8, 1e-5):
+                assert ours.get_epsilon(delta) == reference.get_epsilon(delta)
+    # Anything else goes to dp-accounting's accountant itself.
+    mixed = dpa.ComposedDpEvent([poisson, dpa.LaplaceDpEvent(1.0)])
+    assert acc._subsampled_leaves(mixed) is None
 
 
 # ------------------------------------------------------------- 4. never understates
