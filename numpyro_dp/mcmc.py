@@ -586,8 +586,10 @@ class PrivateMCMC(MCMC):
             self.chain_method = chain_method
             self._data = None
         if self.check_mixing and "sample" in phase:
-            # Post-processing of the released draws: free.
-            self.mixing = mixing_report(self.get_samples(group_by_chain=True))
+            # Post-processing of the released draws: free.  Latent sites only:
+            # a deterministic site may be constant by design.
+            draws = self.get_samples(group_by_chain=True)
+            self.mixing = mixing_report({k: draws[k] for k in pm.latent_sites if k in draws})
             warn_if_not_mixed(self.mixing, stacklevel=2)
 
     def privacy_budget_left(self) -> float | None:

@@ -4,7 +4,9 @@ warns, from its released draws only."""
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import numpyro
 import pytest
 from conftest import logistic_model, make_logistic_data
 
@@ -62,6 +64,22 @@ def test_a_run_that_did_not_mix_warns_and_keeps_the_figures():
     # The figures are those of the released draws: anyone can recompute them.
     again = mixing_report(mcmc.get_samples(group_by_chain=True))
     assert again[:4] == mcmc.mixing[:4] and np.array_equal(again.moved, mcmc.mixing.moved)
+
+
+def test_a_constant_deterministic_site_is_not_a_frozen_chain():
+    X, y = make_logistic_data(300, 3, seed=4)
+
+    def model(X, y=None):
+        numpyro.deterministic("num_features", jnp.asarray(X.shape[1]))
+        logistic_model(X, y)
+
+    kernel = ndp.DPPenalty(model, llr_clip=1.0, proposal_scale=0.3, noise_multiplier=1e-3)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=500, num_samples=4000, num_chains=2, delta=1e-5,
+                           progress_bar=False, chain_method="vectorized")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ndp.MixingWarning)
+        mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    assert mcmc.mixing.max_rhat_site == "w" and np.all(mcmc.mixing.moved > 0.05)
 
 
 def test_the_check_can_be_turned_off():
