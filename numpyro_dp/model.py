@@ -173,21 +173,28 @@ def tabular_to_numpy(tree: Any) -> Any:
     """``tree`` with every pandas DataFrame, Series or Index replaced by its NumPy array.
 
     Models read their data as arrays (``X @ w``), and a pandas object is not a
-    JAX array type; non-numeric columns are refused with the fix.
+    JAX array type.  Mixed and nullable numeric columns become float64 (a
+    missing value becomes NaN, which the data checks then refuse); strings and
+    categories are refused with the fix.
     """
 
     def convert(x: Any) -> Any:
         if type(x).__module__.split(".")[0] != "pandas" or not hasattr(x, "to_numpy"):
             return x
         values = x.to_numpy()
+        if values.dtype == object:  # mixed or nullable columns (Int64, boolean, pd.NA)
+            try:
+                values = x.to_numpy(dtype=np.float64, na_value=np.nan)
+            except (TypeError, ValueError):
+                pass  # strings or categories: refused below
         if values.dtype == object or not (
             np.issubdtype(values.dtype, np.number) or values.dtype == bool
         ):
             raise ModelSpecificationError(
-                f"A pandas {type(x).__name__} argument holds non-numeric values or "
-                "missing values (its NumPy dtype is not numeric). Encode categories as "
-                "numbers (e.g. `pd.get_dummies(df, dtype=float)` or `.cat.codes`) and "
-                "handle missing values before the call, then pass `df.to_numpy(float)`."
+                f"A pandas {type(x).__name__} argument holds non-numeric values "
+                "(strings, categories or objects). Encode them as numbers before the "
+                "call, e.g. `pd.get_dummies(df, dtype=float)` or `df[col].cat.codes`, "
+                "then pass the frame or `df.to_numpy(float)`."
             )
         return values
 

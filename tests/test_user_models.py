@@ -75,6 +75,17 @@ def test_pandas_data_frames_and_series_are_read_as_their_arrays(data):
     assert run(regression, df, y=series).privacy_spent().num_releases > 0
 
 
+def test_mixed_and_nullable_pandas_columns_become_floats_and_missing_values_are_refused():
+    frame = pd.DataFrame({"n": pd.array([1, 2, 3], dtype="Int64"), "b": [True, False, True],
+                          "x": [0.5, 1.5, 2.5]})
+    (values,) = ndp.model.tabular_to_numpy((frame,))
+    np.testing.assert_array_equal(values, [[1, 1, 0.5], [2, 0, 1.5], [3, 1, 2.5]])
+    assert values.dtype == np.float64
+    missing = pd.Series(pd.array([1, None, 3], dtype="Int64"))
+    (values,) = ndp.model.tabular_to_numpy((missing,))
+    assert np.isnan(values[1])  # then refused by the data checks, as any NaN
+
+
 def test_non_numeric_pandas_columns_are_refused_with_the_fix(data):
     X, y, _ = data
     df = pd.DataFrame({"age": X[:, 0], "sex": np.where(X[:, 1] > 0, "f", "m")})
