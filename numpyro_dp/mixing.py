@@ -1,4 +1,4 @@
-"""Did the chains move and mix?  Split R-hat, bulk ESS and movement of the draws.
+"""Did the chains move and mix?  R-hat, bulk ESS and movement of the draws.
 
 A DP chain can sit at its start while its progress bar looks healthy: under
 heavy noise the adapted step shrinks until nearly every proposal is accepted
@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
 
+import arviz as az
 import numpy as np
-from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
 __all__ = ["MixingReport", "MixingWarning", "mixing_report", "warn_if_not_mixed"]
 
@@ -38,12 +38,13 @@ class MixingReport(NamedTuple):
     Attributes
     ----------
     max_rhat : float
-        Largest split R-hat over every coordinate of every site (``inf`` if a
-        coordinate never moved).
+        Largest rank-normalised split R-hat (ArviZ's, as in ``az.summary``)
+        over every coordinate of every site (``inf`` if a coordinate never
+        moved).
     max_rhat_site : str
         The site where it occurs.
     min_ess : float
-        Smallest bulk effective sample size (all chains together).
+        Smallest bulk effective sample size (ArviZ's; all chains together).
     min_ess_site : str
         The site where it occurs.
     moved : numpy.ndarray
@@ -69,16 +70,16 @@ class MixingReport(NamedTuple):
             shares = ", ".join(f"chain {c}: {self.moved[c]:.1%}" for c in stuck)
             out.append(f"chains that hardly moved (share of draws that changed: {shares})")
         if not self.max_rhat <= RHAT_LIMIT:
-            out.append(f"split R-hat {self.max_rhat:.3g} at {self.max_rhat_site!r} "
+            out.append(f"split R-hat {self.max_rhat:.3f} at {self.max_rhat_site!r} "
                        f"(above {RHAT_LIMIT}: the chains disagree)")
         if not self.min_ess >= ESS_LIMIT:
-            out.append(f"bulk ESS {self.min_ess:.3g} at {self.min_ess_site!r} "
+            out.append(f"bulk ESS {self.min_ess:.0f} at {self.min_ess_site!r} "
                        f"(below {ESS_LIMIT:g})")
         return out
 
     def __str__(self) -> str:
-        head = (f"max split R-hat {self.max_rhat:.3g} ({self.max_rhat_site}), "
-                f"min bulk ESS {self.min_ess:.3g} ({self.min_ess_site}), "
+        head = (f"max split R-hat {self.max_rhat:.3f} ({self.max_rhat_site}), "
+                f"min bulk ESS {self.min_ess:.0f} ({self.min_ess_site}), "
                 f"least-moving chain changed at {self.moved.min():.1%} of "
                 f"{self.num_draws} draws")
         problems = self.problems
@@ -103,15 +104,19 @@ def mixing_report(samples_by_chain: Mapping[str, np.ndarray]) -> MixingReport | 
     sites = {k: v.reshape(v.shape[:2] + (-1,)) for k, v in sites.items() if v.size}
     if not sites or next(iter(sites.values())).shape[1] < 4:
         return None
+    # ArviZ's rank-normalised split R-hat and bulk ESS: what az.summary shows.
+    posterior = az.from_dict(posterior=sites)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        rhats = az.rhat(posterior, method="rank")
+        esses = az.ess(posterior, method="bulk")
     rhat, ess = {}, {}
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for name, x in sites.items():
-            r = split_gelman_rubin(x)
-            e = effective_sample_size(x)
-            # A coordinate that never moved has no variance: R-hat inf, ESS 0.
-            frozen = np.ptp(x, axis=(0, 1)) == 0
-            rhat[name] = float(np.max(np.where(frozen | ~np.isfinite(r), np.inf, r)))
-            ess[name] = float(np.min(np.where(frozen | ~np.isfinite(e), 0.0, e)))
+    for name, x in sites.items():
+        r, e = np.asarray(rhats[name]), np.asarray(esses[name])
+        # A coordinate that never moved has no variance: R-hat inf, ESS 0.
+        frozen = np.ptp(x, axis=(0, 1)) == 0
+        rhat[name] = float(np.max(np.where(frozen | ~np.isfinite(r), np.inf, r)))
+        ess[name] = float(np.min(np.where(frozen | ~np.isfinite(e), 0.0, e)))
     changed = np.zeros(next(iter(sites.values())).shape[:2], dtype=bool)[:, 1:]
     for x in sites.values():
         changed |= np.any(x[:, 1:] != x[:, :-1], axis=-1)

@@ -173,29 +173,30 @@ def tabular_to_numpy(tree: Any) -> Any:
     """``tree`` with every pandas DataFrame, Series or Index replaced by its NumPy array.
 
     Models read their data as arrays (``X @ w``), and a pandas object is not a
-    JAX array type.  Mixed and nullable numeric columns become float64 (a
-    missing value becomes NaN, which the data checks then refuse); strings and
-    categories are refused with the fix.
+    JAX array type.  Every column must have a numeric or boolean dtype
+    (nullable ones included; they become float64 and a missing value becomes
+    NaN, which the data checks then refuse).  Strings, categories, objects,
+    dates and durations are refused with the fix: parsing text or counting
+    microseconds would silently make up the numbers the model sees.
     """
 
     def convert(x: Any) -> Any:
         if type(x).__module__.split(".")[0] != "pandas" or not hasattr(x, "to_numpy"):
             return x
-        values = x.to_numpy()
-        if values.dtype == object:  # mixed or nullable columns (Int64, boolean, pd.NA)
-            try:
-                values = x.to_numpy(dtype=np.float64, na_value=np.nan)
-            except (TypeError, ValueError):
-                pass  # strings or categories: refused below
-        if values.dtype == object or not (
-            np.issubdtype(values.dtype, np.number) or values.dtype == bool
-        ):
+        from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+        dtypes = list(x.dtypes) if hasattr(x, "columns") else [x.dtype]
+        if not all(is_numeric_dtype(t) or is_bool_dtype(t) for t in dtypes):
             raise ModelSpecificationError(
-                f"A pandas {type(x).__name__} argument holds non-numeric values "
-                "(strings, categories or objects). Encode them as numbers before the "
-                "call, e.g. `pd.get_dummies(df, dtype=float)` or `df[col].cat.codes`, "
-                "then pass the frame or `df.to_numpy(float)`."
+                f"A pandas {type(x).__name__} argument has a column that is not numeric "
+                "or boolean (strings, categories, objects, dates or durations). Encode it "
+                "as numbers before the call, e.g. `pd.get_dummies(df, dtype=float)`, "
+                "`df[col].cat.codes`, or days since a public reference date, then pass "
+                "the frame or `df.to_numpy(float)`."
             )
+        values = x.to_numpy()
+        if values.dtype == object:  # mixed or nullable numeric columns
+            values = x.to_numpy(dtype=np.float64, na_value=np.nan)
         return values
 
     return jax.tree_util.tree_map(convert, tree)

@@ -86,14 +86,24 @@ def test_mixed_and_nullable_pandas_columns_become_floats_and_missing_values_are_
     assert np.isnan(values[1])  # then refused by the data checks, as any NaN
 
 
-def test_non_numeric_pandas_columns_are_refused_with_the_fix(data):
+@pytest.mark.parametrize("column", [
+    lambda x: np.where(x > 0, "f", "m"),  # strings
+    lambda x: np.where(x > 0, "1", "0"),  # numbers as text: never parsed
+    lambda x: pd.Categorical(np.where(x > 0, "f", "m")),
+    lambda x: pd.Timestamp("2020-01-01") + pd.to_timedelta(np.arange(len(x)), unit="D"),
+    lambda x: pd.to_timedelta(np.arange(len(x)), unit="s"),
+    lambda x: np.array(list(x), dtype=object),  # floats held as Python objects
+], ids=["str", "numeric-text", "category", "datetime", "timedelta", "object"])
+def test_non_numeric_pandas_columns_are_refused_with_the_fix(data, column):
     X, y, _ = data
-    df = pd.DataFrame({"age": X[:, 0], "sex": np.where(X[:, 1] > 0, "f", "m")})
+    df = pd.DataFrame({"age": X[:, 0], "other": column(X[:, 1])})
     kernel = ndp.DPPenalty(regression, llr_clip=2.0)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=2, num_samples=2, epsilon=1.0, delta=1e-5,
                            progress_bar=False)
     with pytest.raises(ModelSpecificationError, match="get_dummies"):
         mcmc.run(jax.random.PRNGKey(0), df, y=y)
+    with pytest.raises(ModelSpecificationError, match="get_dummies"):
+        mcmc.plan(df, y=pd.Series(y))
     assert mcmc.privacy_spent().num_releases == 0
 
 
