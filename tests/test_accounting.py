@@ -257,6 +257,7 @@ def test_composed_pld_is_reused_across_deltas_and_only_for_the_same_event(monkey
     assert len(acc._pld_cache) == acc.PLD_CACHE_SIZE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("relation", ["substitute", "add_remove"])
 def test_subsampled_compositions_equal_dp_accountings_step_for_step(relation, monkeypatch):
     """Planning composes each subsampled Gaussian's PLD once and self-composes it
