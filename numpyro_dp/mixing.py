@@ -117,9 +117,8 @@ def mixing_report(samples_by_chain: Mapping[str, np.ndarray]) -> MixingReport | 
         frozen = np.ptp(x, axis=(0, 1)) == 0
         rhat[name] = float(np.max(np.where(frozen | ~np.isfinite(r), np.inf, r)))
         ess[name] = float(np.min(np.where(frozen | ~np.isfinite(e), 0.0, e)))
-    changed = np.zeros(next(iter(sites.values())).shape[:2], dtype=bool)[:, 1:]
-    for x in sites.values():
-        changed |= np.any(x[:, 1:] != x[:, :-1], axis=-1)
+    draws = np.concatenate(list(sites.values()), axis=-1)  # (chains, draws, coordinates)
+    changed = np.any(draws[:, 1:] != draws[:, :-1], axis=-1)
     worst_rhat = max(rhat, key=rhat.get)
     worst_ess = min(ess, key=ess.get)
     return MixingReport(rhat[worst_rhat], worst_rhat, ess[worst_ess], worst_ess,

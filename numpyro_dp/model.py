@@ -136,14 +136,21 @@ def _model_error(
     )
 
 
-def _structure_trace(model: Callable, model_args: tuple, model_kwargs: dict) -> dict:
-    """A trace of ``model`` whose latent values come from ``init_to_uniform``.
+def _structure_trace(
+    model: Callable,
+    model_args: tuple,
+    model_kwargs: dict,
+    rng_key: jax.Array | int = 0,
+    init_strategy: Callable = init_to_uniform,
+) -> dict:
+    """A trace of ``model`` whose latent values come from ``init_strategy``.
 
-    No latent is drawn from its prior, so priors without a sampler (NumPyro's
-    ``ImproperUniform``, common in models translated from Stan) are accepted.
+    No latent is drawn from its prior by the default strategy, so priors
+    without a sampler (NumPyro's ``ImproperUniform``, common in models
+    translated from Stan) are accepted.
     """
-    seeded = handlers.seed(model, 0)
-    return handlers.trace(handlers.substitute(seeded, substitute_fn=init_to_uniform)).get_trace(
+    seeded = handlers.seed(model, rng_key)
+    return handlers.trace(handlers.substitute(seeded, substitute_fn=init_strategy)).get_trace(
         *model_args, **model_kwargs
     )
 
@@ -661,10 +668,7 @@ class PrivateModel:
         check proved to be data-free; no likelihood is evaluated (unlike
         NumPyro's ``find_valid_initial_params``).
         """
-        seeded = handlers.seed(self.model, rng_key)
-        tr = handlers.trace(handlers.substitute(seeded, substitute_fn=init_strategy)).get_trace(
-            *model_args, **model_kwargs
-        )
+        tr = _structure_trace(self.model, model_args, model_kwargs, rng_key, init_strategy)
         return {
             n: biject_to(tr[n]["fn"].support).inv(tr[n]["value"]) for n in self.latent_sites
         }
