@@ -206,6 +206,7 @@ def test_everything_published_is_a_function_of_the_decisions(monkeypatch):
     assert not all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+@pytest.mark.slow
 def test_float64_run(x64):
     x = np.random.default_rng(0).normal(1.0, 1.0, 5000)
     kernel = ndp.DPBarker(mean_model, batch_size=200, proposal_scale=0.05, n0=100)

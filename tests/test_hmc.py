@@ -477,6 +477,7 @@ def test_step_size_jitter_stays_in_band(small_run):
     np.testing.assert_allclose(steps.mean(1), eta, rtol=0.05)
 
 
+@pytest.mark.slow
 @negligible_noise_warnings
 def test_float64_run(x64, logistic_data):
     X, y = logistic_data

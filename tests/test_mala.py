@@ -92,6 +92,7 @@ def test_real_gradient_noise_fixed_step_is_exact(factor):
     np.testing.assert_array_less(np.abs(np.log(sd)), 4 * se_log_sd)
 
 
+@pytest.mark.slow
 @negligible_noise_warnings
 def test_mala_is_hmc_with_one_step(logistic_data):
     """With a = 1, DPMALA and DPHMC(num_steps=1) are the same chain, bit for bit."""

@@ -149,6 +149,7 @@ def test_huge_and_tiny_epsilon_calibrate(data):
         assert str(spent).startswith(f"({spent.epsilon:.4g}, 1e-06)-DP")
 
 
+@pytest.mark.slow
 def test_float64_run(data, x64):
     X, y = (np.asarray(a, np.float64) for a in data)
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
