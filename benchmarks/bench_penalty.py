@@ -160,7 +160,8 @@ def _worker(args: argparse.Namespace) -> dict:
     init_fn, sample_fn = dp_penalty(
         pm, 0, llr_clip=llr_clip, noise_multiplier=z_mult, sensitivity_factor=sens
     )
-    state0 = init_fn(pm.init_params(random.PRNGKey(2), (X,), {"y": y}), 0.01, random.PRNGKey(3))
+    state0 = init_fn(pm.init_params(random.PRNGKey(2), (X,), {"y": y}), 0.01, None,
+                     random.PRNGKey(3))
 
     @jax.jit
     def kernel_run(state, X, y):

@@ -31,10 +31,15 @@ from numpyro_dp.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
 from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
 from numpyro_dp.mixing import MixingReport, MixingWarning
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
+from numpyro_dp.planner import Plan, plan
+from numpyro_dp.tuning import TuningResult
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Plan",
+    "TuningResult",
+    "plan",
     "DPBarker",
     "DPBarkerState",
     "barker_epsilon",

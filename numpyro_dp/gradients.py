@@ -628,3 +628,105 @@ def clipped_grad_sum_fn(
     if model_args is not None or model_kwargs is not None:
         taken = select_route(pm, model_args or (), model_kwargs, route).route
     return _linear_predictor_route(pm, route), taken
+
+
+def _row_blocks(fn: Callable, rows: list, block: int) -> jax.Array:
+    """``fn`` (one value per row) over the rows in blocks of ``block`` rows."""
+    n = rows[0].shape[0]
+    full = n - n % block
+    parts = []
+    if full:
+        blocks = [x[:full].reshape((-1, block) + x.shape[1:]) for x in rows]
+        parts.append(lax.map(fn, blocks).reshape(-1))
+    if full < n:
+        parts.append(fn([x[full:] for x in rows]))
+    return jnp.concatenate(parts)
+
+
+def row_gradient_scales(
+    pm: PrivateModel,
+    theta: jax.Array,
+    model_args: tuple,
+    model_kwargs: dict,
+    directions: jax.Array | None = None,
+) -> jax.Array:
+    """One scale per row: ``||grad l_i(theta)||``, or ``max_k |grad l_i . u_k|``.
+
+    ``directions`` holds unit vectors ``u_k`` (rows).  Private values, for a
+    DP quantile only (:mod:`numpyro_dp.tuning`).
+    """
+    loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+
+    def block_scales(block_rows):
+        jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
+        if directions is None:
+            return jnp.linalg.norm(jac, axis=1)
+        return jnp.max(jnp.abs(jac @ directions.T), axis=1)
+
+    return _row_blocks(block_scales, [jnp.asarray(x) for x in rows], ROW_BLOCK)
+
+
+#: Rows per block of :func:`clipped_grad_and_hessian_sums` (it holds d^2 numbers a row).
+HESSIAN_BLOCK = 4096
+
+
+def clipped_grad_and_hessian_sums(
+    pm: PrivateModel,
+    theta: jax.Array,
+    clip,
+    hessian_clip,
+    model_args: tuple,
+    model_kwargs: dict,
+    levels: int = 1,
+):
+    """``sum_i clip_C(grad l_i)`` and ``sum_i clip_K(hess l_i)`` (flattened) at ``theta``.
+
+    Each row's gradient is clipped to l2 norm ``C`` and its Hessian to
+    Frobenius norm ``K``; both sums are :func:`~numpyro_dp.rounding.exact_sum`
+    pairs of rows bounded by ``vector_clip_bound(C, d)`` and
+    ``vector_clip_bound(K, d^2)``, so one row moves the first by ``C`` and the
+    second by ``K`` (add/remove).  Private values: for the private warm
+    start's releases only.
+    """
+    loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+    rows = [jnp.asarray(x) for x in rows]
+    n, d, dtype = rows[0].shape[0], theta.shape[0], theta.dtype
+    bound = vector_clip_bound(clip, d, dtype)
+    hess_bound = vector_clip_bound(hessian_clip, d * d, dtype)
+
+    def clipped(values, limit):
+        weights = clip_weights(jnp.linalg.norm(values, axis=1), limit)
+        return weights.astype(dtype)[:, None] * jnp.where(jnp.isfinite(values), values, 0.0)
+
+    def block_sums(block_rows):
+        jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
+        hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)
+        hess = clipped(hess.reshape(hess.shape[0], d * d), hessian_clip)
+        return (exact_sum(clipped(jac, clip), bound, n, levels),
+                exact_sum(hess, hess_bound, n, levels))
+
+    full = n - n % HESSIAN_BLOCK
+    grads, hessians = [], []
+    if full:
+        blocks = [x[:full].reshape((-1, HESSIAN_BLOCK) + x.shape[1:]) for x in rows]
+        g, h = lax.map(block_sums, blocks)
+        grads += list(g)
+        hessians += list(h)
+    if full < n:
+        g, h = block_sums([x[full:] for x in rows])
+        grads += [x[None] for x in g]
+        hessians += [x[None] for x in h]
+    return dw_sum(jnp.concatenate(grads)), dw_sum(jnp.concatenate(hessians))
+
+
+def row_hessian_norms(
+    pm: PrivateModel, theta: jax.Array, model_args: tuple, model_kwargs: dict
+) -> jax.Array:
+    """``||hess l_i(theta)||_F`` per row (private: for a DP quantile only)."""
+    loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+
+    def block_norms(block_rows):
+        hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)
+        return jnp.linalg.norm(hess.reshape(hess.shape[0], -1), axis=1)
+
+    return _row_blocks(block_norms, [jnp.asarray(x) for x in rows], HESSIAN_BLOCK)

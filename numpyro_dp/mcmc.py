@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 
 import dp_accounting as dpa
@@ -24,9 +25,19 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.kernels.base import DPKernel, RunInputs
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
-from numpyro_dp.mixing import MixingReport, mixing_report, warn_if_not_mixed
+from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
 from numpyro_dp.model import tabular_to_numpy
+from numpyro_dp.planner import MARGINAL_TRAVEL, travel_sds
 from numpyro_dp.secret import run_secret
+from numpyro_dp.tuning import (
+    CLIP_SELECTION_SHARE,
+    WARM_START_SHARE,
+    WARM_START_STEPS,
+    TuningPlan,
+    TuningResult,
+    plan_tuning,
+    run_tuning,
+)
 
 #: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
 #: need more noise than this is refused (its draws would be noise).
@@ -36,6 +47,12 @@ PLANNING_PLD_INTERVAL = 1e-3
 #: A call whose quick epsilon exceeds the budget by more than this is refused
 #: without composing the final-precision PLD.
 QUICK_REFUSAL_MARGIN = 0.01
+#: Folded into the user's key to give the tuning releases their own public keys.
+TUNING_KEY_TAG = 0x74756E65
+#: Chains start at the warm start plus this many times its dispersion (per
+#: coordinate, :class:`~numpyro_dp.TuningResult`) times a standard normal:
+#: overdispersed, so that R-hat can tell chains that stayed apart.
+CHAIN_DISPERSION = 2.0
 
 
 class PrivateDataError(RuntimeError):
@@ -181,17 +198,43 @@ class PrivateMCMC(MCMC):
         A calibrated run whose budget left could pay for it only with a larger
         per-iteration noise multiplier is refused (its draws would be noise),
         with what is left and what the run would need.
+    warm_start : float, optional
+        Share of ``epsilon`` spent on a private warm start before the first
+        call (:mod:`numpyro_dp.tuning`): noisy Newton steps from a prior
+        draw, after which the chains start around the point it reaches instead
+        of at the prior, where at an ordinary budget they would stay, and the
+        kernel's mass matrix (proposal covariance) starts at its Laplace
+        covariance.  Default 0.3 when the noise is calibrated to ``epsilon``,
+        0 for a kernel with a stated noise multiplier; ``0`` turns it off
+        (prior initialisation, as NumPyro).  Skipped when ``init_params`` is
+        given or a run continues from ``post_warmup_state``; needs ``epsilon``.
+    clip_selection : float
+        Share of ``epsilon`` spent choosing the clips the kernel was built
+        without (a DP quantile of the rows' gradient scales; also the warm
+        start's clip unless the kernel states a ``grad_clip``).  The two shares
+        together form one Gaussian mechanism that spends
+        ``(warm_start + clip_selection) * epsilon`` alone; the sampler's noise
+        is calibrated to what is left, so the total never exceeds ``epsilon``.
+    warm_start_steps : int
+        Noisy gradient steps of the warm start (each a charged release; the
+        share is split among them).
     check_mixing : bool
         After each call that draws samples, compute split R-hat, bulk ESS and
         how often each chain moved from its draws (free post-processing, kept
         in :attr:`mixing`) and warn with a :class:`~numpyro_dp.MixingWarning`
-        when the chains hardly moved or did not mix (:mod:`numpyro_dp.mixing`).
+        when the chains hardly moved or did not mix (:mod:`numpyro_dp.mixing`);
+        before a calibrated call, warn likewise when the noise lets one chain
+        travel fewer posterior sds than the planner calls marginal
+        (:func:`~numpyro_dp.plan`).
 
     Attributes
     ----------
     mixing : MixingReport or None
         The mixing figures of the last call's draws (None before a call that
         drew at least 4 samples per chain, or with ``check_mixing=False``).
+    tuning : TuningResult or None
+        What the warm start and clip selection released (the chosen clips, the
+        warm start and its spread); None before them or without them.
 
     Notes
     -----
@@ -220,6 +263,9 @@ class PrivateMCMC(MCMC):
         ledger: PrivacyLedger | None = None,
         reproducible_noise: bool = False,
         max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
+        warm_start: float | None = None,
+        clip_selection: float = CLIP_SELECTION_SHARE,
+        warm_start_steps: int = WARM_START_STEPS,
         check_mixing: bool = True,
     ):
         if not isinstance(sampler, DPKernel):
@@ -279,6 +325,21 @@ class PrivateMCMC(MCMC):
             )
         if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
             raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
+        calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
+        if warm_start is None:  # a kernel with stated noise is in manual mode
+            warm_start = WARM_START_SHARE if calibrate else 0.0
+        for name, share in (("warm_start", warm_start), ("clip_selection", clip_selection)):
+            if not (isinstance(share, (int, float)) and 0 <= share < 1):
+                raise ValueError(
+                    f"{name}={share!r} must be a share of epsilon in [0, 1) (0 turns it off)."
+                )
+        if warm_start + clip_selection >= 1:
+            raise ValueError(
+                f"warm_start + clip_selection = {warm_start + clip_selection} leaves "
+                "nothing of epsilon for sampling; keep their sum well below 1."
+            )
+        if not (isinstance(warm_start_steps, int) and warm_start_steps >= 1):
+            raise ValueError(f"warm_start_steps={warm_start_steps!r} must be a positive integer.")
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
         super().__init__(
             sampler,
@@ -297,6 +358,10 @@ class PrivateMCMC(MCMC):
         self.max_noise_multiplier = float(max_noise_multiplier)
         self.check_mixing = bool(check_mixing)
         self.mixing: MixingReport | None = None
+        self.warm_start = float(warm_start)
+        self.clip_selection = float(clip_selection)
+        self.warm_start_steps = warm_start_steps
+        self.tuning: TuningResult | None = None
         self._calibrate = calibrate
         self._ledger = (
             PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
@@ -356,20 +421,23 @@ class PrivateMCMC(MCMC):
         i = getattr(self._warmup_state, "i", None)
         return 0 if i is None else int(np.min(np.asarray(i)))
 
-    def _calibrated_noise(self, iterations: int, start: int, run_event=None) -> float:
+    def _calibrated_noise(
+        self, iterations: int, start: int, run_event=None, pending: tuple = ()
+    ) -> float:
         """The noise multiplier that makes this call spend what is left of the budget.
 
-        ``run_event(k, z)`` is one chain's event (default: the kernel's).
+        ``run_event(k, z)`` is one chain's event (default: the kernel's);
+        ``pending`` are entries charged before it (the tuning releases).
         """
         kernel = self.sampler
         run_event = run_event or (lambda k, z: kernel.run_event(k, start, z))
         ledger = self._ledger
-        spent = ledger.epsilon() if ledger.entries else 0.0
+        spent = ledger.epsilon(pending) if ledger.entries or pending else 0.0
         cap = self.max_noise_multiplier
 
         def total(z):
             event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
-            return dpa.ComposedDpEvent([ledger.event(), event])
+            return dpa.ComposedDpEvent([ledger.event(pending), event])
 
         needed = epsilon_spent(total(cap), ledger.delta, ledger.neighbourhood, ledger.accountant)
         if needed > self.epsilon:
@@ -386,20 +454,20 @@ class PrivateMCMC(MCMC):
             total, self.epsilon, self.delta, ledger.neighbourhood, ledger.accountant, upper=cap
         )
 
-    def _fits(self, entry: LedgerEntry) -> tuple[bool, float]:
-        """Whether ``entry`` fits the budget, and the epsilon after it (upper bound).
+    def _fits(self, entries: list[LedgerEntry]) -> tuple[bool, float]:
+        """Whether ``entries`` fit the budget, and the epsilon after them (upper bound).
 
         A fast PLD bound decides clear cases; the final figure is composed only
         when the answer is close (within 1% of the budget).
         """
         ledger = self._ledger
-        quick = epsilon_spent(ledger.event([entry]), ledger.delta, ledger.neighbourhood,
+        quick = epsilon_spent(ledger.event(entries), ledger.delta, ledger.neighbourhood,
                               ledger.accountant, PLANNING_PLD_INTERVAL)
         if quick <= self.epsilon:
             return True, quick
         if quick > self.epsilon * (1.0 + QUICK_REFUSAL_MARGIN):
             return False, quick
-        after = ledger.epsilon([entry])
+        after = ledger.epsilon(entries)
         return after <= self.epsilon, after
 
     def _over_budget(self, iterations: int, start: int, z, after: float) -> PrivacyBudgetError:
@@ -426,20 +494,75 @@ class PrivateMCMC(MCMC):
             reproducible_noise=self.reproducible_noise,
         )
 
-    def _charge(self, iterations: int, phase: str) -> None:
+    def _warn_if_noise_caps_the_steps(self, z: float) -> None:
+        """Before anything is charged: warn when the planner would call the run infeasible."""
+        pm = self.sampler._private_model
+        _, travel = travel_sds(pm.num_rows, pm.num_params, z, self._planned_iterations(),
+                               self.sampler.sensitivity_factor)
+        if travel < MARGINAL_TRAVEL:
+            warnings.warn(
+                f"At noise multiplier {z:.3g} one chain can travel only about {travel:.2g} "
+                "posterior standard deviations (ndp.plan's unit-information figure; "
+                f"{MARGINAL_TRAVEL:g} is marginal): the chains will stay near where they "
+                "start, and their draws will not be posterior draws. The run is charged "
+                "and goes ahead; ndp.plan(model, *data, epsilon=, delta=) checks a plan "
+                "before anything is spent and says what would make it feasible.",
+                MixingWarning, stacklevel=4,
+            )
+
+    def _tuning_entries(self, plan: TuningPlan | None) -> list[LedgerEntry]:
+        name = type(self.sampler).__name__
+        return [] if plan is None else [
+            LedgerEntry(name, phase, 1, releases, event,
+                        reproducible_noise=self.reproducible_noise)
+            for phase, event, releases in plan.entries()
+        ]
+
+    def _tuning_plan(self, init_params) -> TuningPlan | None:
+        """The tuning releases this call needs (None: none), from public facts only."""
+        kernel = self.sampler
+        if self._warmup_state is not None:
+            return None
+        requests = kernel.clip_requests()
+        warm = (self.warm_start > 0 and init_params is None and self.tuning is None
+                and kernel.tunable)
+        if not requests and not warm:
+            return None
+        if self.epsilon is None:
+            if requests:
+                raise ValueError(
+                    f"{type(kernel).__name__} has no {', '.join(r.name for r in requests)} "
+                    "and this PrivateMCMC has no epsilon to choose it privately from: "
+                    "state the clip(s) on the kernel, or give PrivateMCMC an epsilon."
+                )
+            return None
+        return plan_tuning(
+            self.epsilon, self.delta, warm_start=self.warm_start if warm else 0.0,
+            clip_selection=self.clip_selection, requests=requests,
+            warm_start_clip=kernel.warm_start_clip, warm_start_steps=self.warm_start_steps,
+            num_rows=kernel._private_model.num_rows, neighbourhood=kernel.neighbourhood,
+        )
+
+    def _charge(self, iterations: int, phase: str, tuning: TuningPlan | None = None) -> None:
+        """Charge the tuning releases (if any) and the coming iterations, or raise."""
         kernel = self.sampler
         start = self._start_iteration()
+        pending = self._tuning_entries(tuning)
         calibrated = None
         if self._calibrate and kernel.noise_multiplier is None:
-            calibrated = self._calibrated_noise(self._planned_iterations(), start)
+            calibrated = self._calibrated_noise(self._planned_iterations(), start,
+                                                pending=tuple(pending))
         z = kernel.noise_multiplier if calibrated is None else calibrated
         entry = self._entry(iterations, phase, start, z)
+        if self.check_mixing and kernel.calibrated_noise:
+            self._warn_if_noise_caps_the_steps(z)
         if self.epsilon is not None:
-            fits, after = self._fits(entry)
+            fits, after = self._fits([*pending, entry])
             if not fits:
                 raise self._over_budget(iterations, start, z, after)
         try:  # atomic check and append; on disk before the run for a file ledger
-            self._ledger.charge(entry, budget=self.epsilon)
+            for e in [*pending, entry]:
+                self._ledger.charge(e, budget=self.epsilon)
         except PrivacyBudgetError as err:  # another process charged in the meantime
             raise self._over_budget(iterations, start, z, self._ledger.epsilon([entry])) from err
         # Bound only once something is charged: a refused run leaves the kernel free.
@@ -450,7 +573,8 @@ class PrivateMCMC(MCMC):
     def plan(self, *model_args, num_rows: int | None = None, **model_kwargs) -> RunPlan:
         """What :meth:`run` would cost now, computed from public facts only.
 
-        Runs nothing and charges nothing.  Give the model's arguments (the model
+        Runs nothing and charges nothing; counts the clip selection and warm
+        start the call would make.  Give the model's arguments (the model
         and data are validated as :meth:`run` would, but no value computed from
         the rows is used), or only ``num_rows`` (``n``) for kernels whose cost
         depends on it.  Calibrates the noise when the kernel has none, and says
@@ -472,20 +596,24 @@ class PrivateMCMC(MCMC):
         def run_event(k, z):
             return kernel.run_event(k, start, z, **rows)
 
+        # The clip selection and warm start the call would make come first.
+        pending = tuple(self._tuning_entries(self._tuning_plan(None)))
         if self._calibrate and z is None:
             try:
-                z = self._calibrated_noise(self._planned_iterations(), start, run_event)
+                z = self._calibrated_noise(self._planned_iterations(), start, run_event,
+                                           pending=pending)
             except PrivacyBudgetError as err:
                 z, fits, advice = self.max_noise_multiplier, False, str(err)
         ledger = self._ledger
         event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
-        after = epsilon_spent(dpa.ComposedDpEvent([ledger.event(), event]), ledger.delta,
-                              ledger.neighbourhood, ledger.accountant, PLANNING_PLD_INTERVAL)
+        after = epsilon_spent(dpa.ComposedDpEvent([ledger.event(pending), event]),
+                              ledger.delta, ledger.neighbourhood, ledger.accountant,
+                              PLANNING_PLD_INTERVAL)
         if self.epsilon is not None:
             fits = fits and after <= self.epsilon
             affordable = max_iterations(
                 lambda k: run_event(k, z), self.epsilon, self.delta, self.num_chains,
-                ledger.neighbourhood, ledger.accountant, spent=ledger.event(),
+                ledger.neighbourhood, ledger.accountant, spent=ledger.event(pending),
             )
         zs = kernel.noise_multipliers(z) if hasattr(kernel, "noise_multipliers") and z else None
         return RunPlan(
@@ -572,10 +700,15 @@ class PrivateMCMC(MCMC):
         check_delta_for_rows(self.delta, pm.num_rows)
         self._check_init_params(init_params, pm.param_shapes)
         iterations, phase = self._iterations_this_call()
+        tuning = self._tuning_plan(init_params) if iterations > 0 else None
         if iterations > 0:
-            self._charge(iterations, phase)
+            self._charge(iterations, phase, tuning)
         secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
         inputs = RunInputs(pm.private_inputs(args, kwargs), jnp.asarray(secret))
+        if tuning is not None:
+            self._tune(tuning, rng_key, pm, args, kwargs, inputs)
+        if init_params is None and self._warmup_state is None and self.tuning is not None:
+            init_params = self._chain_starts(rng_key)
         chain_method = self.chain_method
         if chain_method == "parallel" and self.num_chains > 1:
             self.chain_method = _parallel_with_arguments
@@ -591,6 +724,46 @@ class PrivateMCMC(MCMC):
             draws = self.get_samples(group_by_chain=True)
             self.mixing = mixing_report({k: draws[k] for k in pm.latent_sites if k in draws})
             warn_if_not_mixed(self.mixing, stacklevel=2)
+
+    def _tune(self, plan: TuningPlan, rng_key, pm, args, kwargs, inputs: RunInputs) -> None:
+        """Run the charged tuning releases; adopt the clips; keep the warm start."""
+        kernel = self.sampler
+        key = rng_key if is_prng_key(rng_key) else rng_key[0]
+        # Public keys of the tuning's noise draws, apart from every chain's.
+        key = jax.random.fold_in(key, TUNING_KEY_TAG)
+        key_init, key_tune = jax.random.split(key)
+        theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, kernel._init_strategy))
+        result = run_tuning(
+            plan, pm, rng_key=key_tune, rows=inputs.rows, secret=inputs.secret, theta0=theta0,
+            neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,
+        )
+        kernel.set_clips(result.clips)
+        if result.start is None and self.tuning is not None:  # keep an earlier warm start
+            result = dataclasses.replace(result, start=self.tuning.start,
+                                         dispersion=self.tuning.dispersion,
+                                         covariance=self.tuning.covariance)
+        if result.covariance is not None:
+            kernel.set_preconditioner(result.covariance)
+        self.tuning = result
+
+    def _chain_starts(self, rng_key) -> dict | None:
+        """Each chain's start: the warm start plus its spread times a standard normal.
+
+        Post-processing of the warm start with public randomness; dispersed so
+        that R-hat can tell chains that did not leave their starts apart.
+        """
+        if self.tuning is None or self.tuning.start is None:
+            return None
+        key = rng_key if is_prng_key(rng_key) else rng_key[0]
+        key = jax.random.fold_in(key, TUNING_KEY_TAG + 1)
+        lead = (self.num_chains,) if self.num_chains > 1 else ()
+        starts = {}
+        for name, value in self.tuning.start.items():
+            key, sub = jax.random.split(key)
+            noise = jax.random.normal(sub, lead + jnp.shape(value), jnp.result_type(value))
+            jitter = 0.0 if not lead else CHAIN_DISPERSION * self.tuning.dispersion[name] * noise
+            starts[name] = value + jitter
+        return starts
 
     def privacy_budget_left(self) -> float | None:
         """Epsilon left of the budget (None when no budget was stated)."""

@@ -91,22 +91,21 @@ class Made(list):
 def releases(monkeypatch):
     """Count the releases made at run time (one per chain under vmap)."""
     made = Made()
-
-    def record(_):
-        made.append(1)
-
-    def counted(gate):
-        @functools.wraps(gate)
-        def wrapper(key, *args, **kwargs):
-            # The (secret, per-chain) key is batched under vmap: one call per chain.
-            jax.debug.callback(record, jax.random.key_data(key))
-            return gate(key, *args, **kwargs)
-        return wrapper
-
     for module in (base, penalty):
-        monkeypatch.setattr(module, "grid_release", counted(module.grid_release))
-    monkeypatch.setattr(barker, "barker_decision", counted(barker.barker_decision))
+        monkeypatch.setattr(module, "grid_release", releases_counter(made, module.grid_release))
+    monkeypatch.setattr(barker, "barker_decision",
+                        releases_counter(made, barker.barker_decision))
     return made
+
+
+def releases_counter(made, gate):
+    """``gate`` that appends to ``made`` once per call (per chain under vmap)."""
+    @functools.wraps(gate)
+    def wrapper(key, *args, **kwargs):
+        # The (secret, per-chain) key is batched under vmap: one call per chain.
+        jax.debug.callback(lambda _: made.append(1), jax.random.key_data(key))
+        return gate(key, *args, **kwargs)
+    return wrapper
 
 
 def runner(name, nb, chains, method, **kwargs):
@@ -147,6 +146,27 @@ def test_releases_made_equal_releases_charged(data, releases, name):
     with pytest.raises(ndp.PrivacyBudgetError):
         refused.run(key, X, y=y)
     assert len(releases) == start and refused.privacy_spent().num_releases == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ndp.DPPenalty(logistic_model),
+    lambda: ndp.DPHMC(logistic_model, num_steps=2),
+], ids=["DPPenalty", "DPHMC"])
+def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch, make):
+    """Clip selection and the warm start (issue 18) release what they are charged."""
+    from numpyro_dp import tuning
+
+    monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
+    X, y = data
+    # n = 120: an epsilon large enough for the warm start to be made (WARM_START_MIN_SNR).
+    mcmc = ndp.PrivateMCMC(make(), num_warmup=2, num_samples=3, num_chains=2,
+                           chain_method="vectorized", epsilon=100.0, delta=1e-4,
+                           progress_bar=False, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    spent = mcmc.privacy_spent()
+    assert [e.phase for e in spent.ledger] == ["clip selection", "warm start", "warmup+sample"]
+    assert len(releases) == spent.num_releases
+    assert spent.epsilon <= 100.0
 
 
 ADD_REMOVE = [name for name, spec in KERNELS.items() if "add_remove" in spec[1]]

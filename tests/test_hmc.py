@@ -50,7 +50,7 @@ def run(kernel, *args, num_warmup, num_samples, num_chains=4, seed=0, epsilon=No
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
                            num_chains=num_chains, epsilon=epsilon, delta=1e-6,
                            chain_method=chain_method, progress_bar=False,
-                           reproducible_noise=reproducible_noise)
+                           reproducible_noise=reproducible_noise, warm_start=0)
     mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
     return mcmc
 

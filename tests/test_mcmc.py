@@ -25,7 +25,7 @@ def test_chain_methods_and_numpyro_api(data, capsys):
         with pytest.warns(UserWarning) if chain_method == "parallel" else _nothing():
             mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=30, num_chains=2,
                                    epsilon=3.0, delta=1e-6, chain_method=chain_method,
-                                   progress_bar=False)
+                                   progress_bar=False, warm_start=0)
         mcmc.run(jax.random.PRNGKey(0), X, y=y, extra_fields=("proposal_scale",))
         assert mcmc.get_samples()["w"].shape == (60, 2)
         assert mcmc.get_samples(group_by_chain=True)["w"].shape == (2, 30, 2)

@@ -111,7 +111,7 @@ def test_release_and_private_mcmc_share_one_budget():
     rel.charge_to(ledger)
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.1)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=30, epsilon=3.0,
-                           ledger=ledger, progress_bar=False)
+                           ledger=ledger, progress_bar=False, warm_start=0)
     mcmc.run(random.PRNGKey(1), X, y)
     spent = mcmc.privacy_spent()
     assert len(spent.ledger) == 2 and spent.ledger[0].phase == "release"

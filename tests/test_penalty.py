@@ -137,7 +137,7 @@ def test_proposal_scale_adapts_in_warmup_then_freezes(logistic_data):
     X, y = logistic_data
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=1.0)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=300, num_samples=200, epsilon=1e3, delta=1e-6,
-                           reproducible_noise=True,
+                           reproducible_noise=True, warm_start=0,
                            progress_bar=False)
     mcmc.warmup(jax.random.PRNGKey(0), X, y=y, collect_warmup=True,
                 extra_fields=("proposal_scale",))

@@ -65,7 +65,8 @@ def test_calibrated_run_is_charged_with_wbk_amplification():
     kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=b,
                            temperature=100 / n)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=30, num_samples=70, num_chains=2, epsilon=1.0,
-                           delta=1e-6, progress_bar=False, chain_method="vectorized")
+                           delta=1e-6, progress_bar=False, chain_method="vectorized",
+                           warm_start=0)
     mcmc.run(jax.random.PRNGKey(0), x)
     spent = mcmc.privacy_spent()
     z = kernel.noise_multiplier

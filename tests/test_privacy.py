@@ -53,7 +53,7 @@ def test_one_step_release_moves_by_at_most_the_sensitivity(data):
                                     adapt_proposal_scale=False, adapt_covariance=False)
     keys = jax.random.split(jax.random.PRNGKey(0), 512)
     params = {"w": jax.random.normal(jax.random.PRNGKey(1), (3,))}
-    states = jax.vmap(lambda k: init_fn(params, 0.05, k))(keys)
+    states = jax.vmap(lambda k: init_fn(params, 0.05, None, k))(keys)
     step = jax.vmap(sample_fn, in_axes=(0, None, None, None))
     a = step(states, (X,), {"y": y}, TEST_SECRET)  # same secret: same noise on both sides
     b = step(states, (X2,), {"y": y}, TEST_SECRET)
@@ -227,7 +227,7 @@ def test_add_remove_neighbourhood_halves_the_noise(data):
         init_fn, sample_fn = dp_penalty(pm, 0, llr_clip=1.0, noise_multiplier=3.0,
                                         sensitivity_factor=factor, adapt_proposal_scale=False,
                                         adapt_covariance=False)
-        state = init_fn(params, 0.01, jax.random.PRNGKey(0))
+        state = init_fn(params, 0.01, None, jax.random.PRNGKey(0))
         outs.append(sample_fn(state, (X,), {"y": y}, TEST_SECRET))
     assert ndp.DPPenalty(logistic_model, 1.0, neighbourhood="add_remove").sensitivity_factor == 1
     assert ndp.DPPenalty(logistic_model, 1.0).sensitivity_factor == 2
@@ -239,7 +239,7 @@ def test_inference_data_carries_the_ledger_and_no_data(data):
     X, y = data
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=30, num_chains=2, epsilon=2.0,
-                           delta=1e-6, progress_bar=False)
+                           delta=1e-6, progress_bar=False, warm_start=0)
     mcmc.run(jax.random.PRNGKey(0), X, y=y)
     idata = ndp.to_inference_data(mcmc)
     assert "observed_data" not in idata.groups() and "log_likelihood" not in idata.groups()
@@ -297,7 +297,7 @@ def test_dphmc_state_and_outputs_hold_nothing_per_row(data):
     kernel = ndp.DPHMC(logistic_model, step_size=0.02, num_steps=3, grad_clip=1.0,
                        llr_clip=1.0)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=20, num_chains=2,
-                           epsilon=10.0, delta=1e-6, progress_bar=False)
+                           epsilon=10.0, delta=1e-6, progress_bar=False, warm_start=0)
     mcmc.run(jax.random.PRNGKey(0), X, y=y, extra_fields=ndp.DPHMCState._fields)
     assert leaves_with_row_dimension(mcmc.last_state) == []
     assert leaves_with_row_dimension(mcmc.get_extra_fields()) == []

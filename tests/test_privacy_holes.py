@@ -43,7 +43,7 @@ def penalty(**kwargs):
 
 def runner(kernel, **kwargs):
     options = {"num_warmup": 10, "num_samples": 10, "num_chains": 2, "delta": 1e-5,
-               "progress_bar": False, "chain_method": "vectorized", **kwargs}
+               "progress_bar": False, "chain_method": "vectorized", "warm_start": 0, **kwargs}
     return ndp.PrivateMCMC(kernel, **options)
 
 

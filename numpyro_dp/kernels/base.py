@@ -13,6 +13,7 @@ that additionally
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random, vmap
+from numpyro.infer import hmc_util
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
@@ -39,6 +41,14 @@ from numpyro_dp.rounding import (
     unit_roundoff,
 )
 
+#: One noise-limited step of at least this many unit-information posterior sds
+#: lets warm-up re-estimate the mass matrix after a warm start (see
+#: ``DPKernel._moves_freely``).
+FREE_STEP_SDS = 10.0
+#: Largest number of parameters for which the warm start's covariance is used
+#: as a dense mass matrix (or proposal covariance) by default.
+DENSE_PRECONDITIONER_MAX_DIM = 50
+
 
 class RunInputs(NamedTuple):
     """What :class:`~numpyro_dp.PrivateMCMC` passes to a kernel as its model arguments.
@@ -50,6 +60,29 @@ class RunInputs(NamedTuple):
 
     rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
     secret: jax.Array  # uint32[2], the run secret (numpyro_dp.secret)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipRequest:
+    """A clip a kernel was built without, to be chosen privately (:mod:`numpyro_dp.tuning`).
+
+    Attributes
+    ----------
+    name : str
+        The kernel's attribute (``"grad_clip"``, ``"llr_clip"``).
+    quantile : float
+        Fraction of the rows whose scale the clip should cover.
+    scale : {"norm", "coordinate", "directional"}
+        Which scale of a row's log-likelihood gradient ``g_i`` at the warm
+        start: ``||g_i||`` (a gradient, or a ratio along a trajectory),
+        ``max_j |g_ij|`` (a one-coordinate step's ratio per unit length), or
+        the largest ``|g_i . u|`` over random unit directions ``u`` (a
+        random-walk step's).
+    """
+
+    name: str
+    quantile: float
+    scale: str = "norm"
 
 
 def check_positive(name: str, value: float, fix: str) -> float:
@@ -189,6 +222,42 @@ def phase_mean(mean: jax.Array, value: jax.Array, i: jax.Array, num_warmup: int)
     return mean + (value - mean) / (n + 1)
 
 
+def warmup_adapter(
+    num_warmup: int,
+    *,
+    adapt_step_size: bool,
+    adapt_mass_matrix: bool,
+    dense_mass: bool,
+    target_accept_prob: float,
+) -> tuple[Callable, Callable]:
+    """NumPyro's :func:`~numpyro.infer.hmc_util.warmup_adapter`, with one change.
+
+    Without mass-matrix adaptation the step size is tuned by *one* dual
+    averaging over the whole warm-up, ending at its averaged iterate.
+    NumPyro restarts dual averaging at ten times the step at the end of every
+    mass-matrix window, whether or not the mass matrix is adapted; on a noisy
+    acceptance the 50-iteration terminal window then ends with a step several
+    times too large (measured: acceptance 0.06-0.2 after warm-up for a
+    target of 0.234).
+    """
+    wa_init, wa_update = hmc_util.warmup_adapter(
+        num_warmup, adapt_step_size=adapt_step_size, adapt_mass_matrix=adapt_mass_matrix,
+        dense_mass=dense_mass, target_accept_prob=target_accept_prob,
+    )
+    if adapt_mass_matrix or not adapt_step_size:
+        return wa_init, wa_update
+    _, ss_update = hmc_util.dual_averaging()
+
+    def update(t, accept_prob, z_info, state):
+        ss_state = ss_update(target_accept_prob - accept_prob, state.ss_state)
+        log_step, log_step_avg, *_ = ss_state
+        step = jnp.exp(jnp.where(t == num_warmup - 1, log_step_avg, log_step))
+        finfo = jnp.finfo(jnp.result_type(step))
+        return state._replace(step_size=jnp.clip(step, finfo.tiny, finfo.max), ss_state=ss_state)
+
+    return wa_init, update
+
+
 class DPKernel(MCMCKernel):
     """Base class of the differentially private kernels.
 
@@ -218,6 +287,8 @@ class DPKernel(MCMCKernel):
     #: False for kernels whose noise is fixed by their own parameters (batch size,
     #: step size): there is nothing to calibrate, and an epsilon is only a cap.
     calibrated_noise: bool = True
+    #: Whether PrivateMCMC may start the chains at a private warm start.
+    tunable: bool = False
 
     def __init__(
         self,
@@ -247,6 +318,7 @@ class DPKernel(MCMCKernel):
         self._init_strategy = init_strategy
         self._private_model: PrivateModel | None = None
         self._sample_fn = None
+        self._preconditioner = None  # the warm start's Laplace covariance (public)
         self._charged_by = None  # the PrivateMCMC whose ledger accounts for this kernel
         self._armed_by = None  # the PrivateMCMC running a charged call right now
 
@@ -297,6 +369,78 @@ class DPKernel(MCMCKernel):
         return dpa.SelfComposedDpEvent(
             self.per_iteration_event(noise_multiplier, num_rows), num_iterations
         )
+
+    def clip_requests(self) -> tuple[ClipRequest, ...]:
+        """The clips this kernel was built without (chosen privately before a run)."""
+        return ()
+
+    @property
+    def warm_start_clip(self) -> float | None:
+        """A stated per-row gradient clip the warm start can use (None: choose one)."""
+        return None
+
+    def set_clips(self, clips: dict[str, float]) -> None:
+        """Adopt privately chosen clips (public: post-processing of a charged release)."""
+        for name, value in clips.items():
+            setattr(self, name, check_positive(name, value, "it is a clip bound."))
+
+    def set_preconditioner(self, covariance) -> None:
+        """Adopt the warm start's Laplace covariance (public: post-processing of releases)."""
+        self._preconditioner = np.asarray(covariance)
+
+    def _metric(self, dense: bool | None, adapt: bool | None, stated, name: str, dtype):
+        """``(dense, adapt, inverse)``: the initial mass matrix (or proposal covariance).
+
+        A matrix the user ``stated`` wins (``dense`` follows its shape when
+        None).  Otherwise the warm start's Laplace covariance, if any: dense
+        (when ``dense`` is None) up to :data:`DENSE_PRECONDITIONER_MAX_DIM`
+        parameters, and not re-estimated in warm-up (when ``adapt`` is None)
+        unless the noise is light (:meth:`_moves_freely`): under heavy noise the
+        chains move too little for their draws to estimate it, and NumPyro's
+        estimate would shrink the steps instead.
+        Otherwise the identity (None), adapted as in NumPyro.
+        """
+        dim = self._private_model.num_params
+        warm = self._preconditioner if stated is None else None
+        if stated is not None:
+            stated = jnp.asarray(stated, dtype)
+            dense = stated.ndim == 2 if dense is None else dense
+            expected = (dim, dim) if dense else (dim,)
+            if stated.shape != expected:
+                raise ValueError(
+                    f"{name} has shape {stated.shape}; with dense={dense} and {dim} "
+                    f"unconstrained parameters it must have shape {expected}."
+                )
+        if dense is None:
+            dense = warm is not None and dim <= DENSE_PRECONDITIONER_MAX_DIM
+        if adapt is None:
+            adapt = warm is None or self._moves_freely()
+        inverse = stated
+        if warm is not None:
+            inverse = jnp.asarray(warm if dense else np.diag(warm), dtype)
+        return dense, adapt, inverse
+
+    def _moves_freely(self) -> bool:
+        """Whether one noise-limited step spans :data:`FREE_STEP_SDS` unit-information sds.
+
+        ``sqrt(n) / (Delta_factor z)`` (the planner's step, :mod:`numpyro_dp.planner`):
+        public.  Then the chains move enough for their warm-up draws to estimate
+        a mass matrix (proposal covariance), which may also correct directions
+        that the warm start's noisy curvature could not resolve.
+        """
+        z = self.noise_multiplier
+        if z is None:
+            return False
+        return math.sqrt(self._private_model.num_rows) / (self.sensitivity_factor * z) \
+            >= FREE_STEP_SDS
+
+    @staticmethod
+    def _metric_scales(inverse, dim: int) -> tuple[float, float]:
+        """``(trace, largest diagonal entry)`` of an initial inverse metric (identity: None)."""
+        if inverse is None:
+            return float(dim), 1.0
+        diag = np.diag(np.asarray(inverse)) if np.ndim(inverse) == 2 else np.asarray(inverse)
+        return float(np.sum(diag)), float(np.max(diag))
 
     def budget_advice(self) -> str:
         """What a user can change when a run does not fit the budget."""

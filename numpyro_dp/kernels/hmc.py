@@ -38,22 +38,36 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 from jax import lax, random
-from numpyro.infer.hmc_util import HMCAdaptState, warmup_adapter
+from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
+    ClipRequest,
     DPKernel,
     check_positive,
     penalty_test,
     phase_mean,
     release_clipped_sum,
     release_llr,
+    warmup_adapter,
 )
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.rounding import sum_levels
 from numpyro_dp.secret import noise_key
+
+#: Quantiles of the rows' gradient norms that privately chosen clips cover.  A
+#: clipped ratio biases the target; clipped gradients do not, but they steer
+#: every trajectory towards where the clipped gradients balance, which on real
+#: data lies posterior sds away from the mode (9 sds on statsmodels' ``fair``
+#: with a quarter of the rows clipped): proposals then miss and chains stick.
+GRAD_CLIP_QUANTILE = 0.95
+LLR_CLIP_QUANTILE = 0.95
+#: Default step-size jitter with the warm start's mass matrix.
+WARM_START_JITTER = 0.5
+#: Cap of the noise-derived initial step size (unconstrained units).
+MAX_DEFAULT_STEP_SIZE = 1.0
 
 
 class DPHMCState(NamedTuple):
@@ -268,17 +282,25 @@ class DPHMC(DPKernel):
     ----------
     model : callable
         A NumPyro model with a plate over the data rows.
-    step_size : float
+    step_size : float, optional
         Leapfrog step size ``eta`` in unconstrained space (initial value when
-        ``adapt_step_size``).
+        ``adapt_step_size``).  By default derived from the calibrated noise:
+        the largest ``eta`` at which neither the LLR noise over a trajectory
+        (length about ``L eta sqrt(d)``) nor the energy error of the noisy
+        kicks (about ``eta sigma_g sqrt(L d)``) exceeds one standard deviation,
+        capped at 1.
     num_steps : int
         Leapfrog steps ``L`` per iteration; each iteration makes ``L + 1``
         gradient releases, so ``L`` is part of the privacy cost.
-    grad_clip : float
+    grad_clip : float, optional
         ``b_g``: every row's log-likelihood gradient is clipped to this l2 norm.
-    llr_clip : float
+    llr_clip : float, optional
         ``b_l``: every row's log-likelihood ratio is clipped to ``b_l h`` with
         ``h = ||theta_L - theta_0||``.  If no ratio is clipped the chain is exact.
+        Stated clips are public and cost nothing; an omitted one is chosen
+        privately by :class:`~numpyro_dp.PrivateMCMC` before the run (a DP
+        quantile of the rows' gradient norms at the warm start,
+        ``PrivateMCMC(clip_selection=)``).
     noise_multiplier_grad, noise_multiplier_llr : float, optional
         ``z_g`` and ``z_l``.  Give both, or neither and let
         :class:`~numpyro_dp.PrivateMCMC` calibrate them to a budget.
@@ -292,19 +314,29 @@ class DPHMC(DPKernel):
         As for every kernel (SPEC s0).
     inverse_mass_matrix : array, optional
         Initial inverse mass matrix over the flattened unconstrained parameters
-        (1-D for diagonal, 2-D for dense); identity by default.
-    dense_mass : bool
-        Dense rather than diagonal mass matrix.
+        (1-D for diagonal, 2-D for dense).  By default the covariance of the
+        private warm start's Laplace approximation when there is one
+        (``PrivateMCMC(warm_start=)``), else the identity.
+    dense_mass : bool, optional
+        Dense rather than diagonal mass matrix.  By default dense for the warm
+        start's covariance up to 50 parameters, else diagonal.
     adapt_step_size : bool
         Dual averaging of ``eta`` in warm-up on the noisy acceptance probability.
-    adapt_mass_matrix : bool
-        Estimate the mass matrix from warm-up draws (NumPyro's windows).
+    adapt_mass_matrix : bool, optional
+        Estimate the mass matrix from warm-up draws (NumPyro's windows).  By
+        default only when there is no warm start's covariance (chains that
+        noise keeps from moving would estimate a mass matrix that shrinks
+        every step).
     target_accept_prob : float
         Target of the step-size adaptation (as in NumPyro).
-    step_size_jitter : float
+    step_size_jitter : float, optional
         ``j`` in [0, 1): each iteration uses ``eta (1 + j (2 u_t - 1))`` with
         ``u_t`` a randomised Halton sequence (van der Corput, random shift per
-        chain).  ``0`` (the default) keeps ``eta`` fixed, as NumPyro's HMC does.
+        chain).  ``0`` keeps ``eta`` fixed, as NumPyro's HMC does; the default
+        is 0 with the identity or a stated mass matrix and
+        :data:`WARM_START_JITTER` with the warm start's, which makes the target
+        nearly isotropic, so that trajectories of fixed length would be nearly
+        periodic (antithetic draws, misleading R-hat).
         The DP-HMC paper's code uses ``eta u_t``, i.e. ``j = 1`` with half its
         nominal step size.
     grad_route : {"auto", "jacobian"}
@@ -324,17 +356,18 @@ class DPHMC(DPKernel):
 
     private_safe_fields = DPHMCState._fields
     default_fields = ("z", "accept_prob", "accepted", "diverging")
+    tunable = True
     #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).
     proposal_variance_factor = 1.0
 
     def __init__(
         self,
         model: Callable,
-        step_size: float = 1.0,
+        step_size: float | None = None,
         num_steps: int = 10,
         *,
-        grad_clip: float,
-        llr_clip: float,
+        grad_clip: float | None = None,
+        llr_clip: float | None = None,
         noise_multiplier_grad: float | None = None,
         noise_multiplier_llr: float | None = None,
         llr_budget_fraction: float = 0.5,
@@ -342,11 +375,11 @@ class DPHMC(DPKernel):
         neighbourhood: str = "substitute",
         data_plate: str | None = None,
         inverse_mass_matrix: Any = None,
-        dense_mass: bool = False,
+        dense_mass: bool | None = None,
         adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
+        adapt_mass_matrix: bool | None = None,
         target_accept_prob: float = 0.8,
-        step_size_jitter: float = 0.0,
+        step_size_jitter: float | None = None,
         grad_route: str = "auto",
         init_strategy: Callable = init_to_uniform,
     ):
@@ -389,24 +422,27 @@ class DPHMC(DPKernel):
             data_plate=data_plate,
             init_strategy=init_strategy,
         )
-        self.step_size = check_positive(
-            "step_size", step_size, "it is the leapfrog step in unconstrained space."
+        self.step_size = None if step_size is None else check_positive(
+            "step_size", step_size,
+            "it is the leapfrog step in unconstrained space (None: derived from the noise).",
         )
-        self.grad_clip = check_positive(
+        self.grad_clip = None if grad_clip is None else check_positive(
             "grad_clip", grad_clip,
-            "it bounds the l2 norm of each row's log-likelihood gradient.",
+            "it bounds the l2 norm of each row's log-likelihood gradient (None: chosen "
+            "privately).",
         )
-        self.llr_clip = check_positive(
+        self.llr_clip = None if llr_clip is None else check_positive(
             "llr_clip", llr_clip,
-            "it bounds each row's log-likelihood ratio per unit of trajectory length.",
+            "it bounds each row's log-likelihood ratio per unit of trajectory length "
+            "(None: chosen privately).",
         )
-        if not 0 <= step_size_jitter < 1:
+        if step_size_jitter is not None and not 0 <= step_size_jitter < 1:
             raise ValueError(f"step_size_jitter={step_size_jitter!r} must lie in [0, 1).")
         if not 0 < target_accept_prob < 1:
             raise ValueError(f"target_accept_prob={target_accept_prob} must lie in (0, 1).")
-        if not isinstance(dense_mass, bool):
+        if dense_mass not in (None, True, False):
             raise ValueError(
-                f"dense_mass={dense_mass!r} must be True or False: DPHMC uses one "
+                f"dense_mass={dense_mass!r} must be True, False or None: DPHMC uses one "
                 "(diagonal or dense) mass matrix over all flattened unconstrained "
                 "parameters; NumPyro's per-site blocks are not supported."
             )
@@ -416,7 +452,7 @@ class DPHMC(DPKernel):
                 "parameters (1-D for diagonal, 2-D with dense_mass=True), not a dict of "
                 "per-site blocks."
             )
-        self.step_size_jitter = float(step_size_jitter)
+        self.step_size_jitter = None if step_size_jitter is None else float(step_size_jitter)
         self.target_accept_prob = target_accept_prob
         self.inverse_mass_matrix = inverse_mass_matrix
         self.dense_mass = dense_mass
@@ -453,26 +489,53 @@ class DPHMC(DPKernel):
         ])
 
     # ------------------------------------------------------------ sampling
-    def _initial_inverse_mass_matrix(self, dtype):
-        dim = self._private_model.num_params
-        if self.inverse_mass_matrix is None:
-            return None
-        m = jnp.asarray(self.inverse_mass_matrix, dtype)
-        expected = (dim, dim) if self.dense_mass else (dim,)
-        if m.shape != expected:
-            raise ValueError(
-                f"inverse_mass_matrix has shape {m.shape}; with dense_mass={self.dense_mass} "
-                f"and {dim} unconstrained parameters it must have shape {expected}."
-            )
-        return m
-
     def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
         pm = super().prepare(model_args, model_kwargs)
-        self._initial_inverse_mass_matrix(jnp.result_type(float))  # before any charge
+        self._mass()  # a stated inverse_mass_matrix is checked before any charge
         return pm
 
-    def _core(self, num_warmup: int):
+    def _jitter(self) -> float:
+        if self.step_size_jitter is not None:
+            return self.step_size_jitter
+        warm = self._preconditioner is not None and self.inverse_mass_matrix is None
+        return WARM_START_JITTER if warm else 0.0
+
+    def _mass(self):
+        """``(dense, adapt, inverse mass matrix)`` of the coming run."""
+        return self._metric(self.dense_mass, self.adapt_mass_matrix, self.inverse_mass_matrix,
+                            "inverse_mass_matrix", jnp.result_type(float))
+
+    def clip_requests(self) -> tuple[ClipRequest, ...]:
+        wanted = (("grad_clip", GRAD_CLIP_QUANTILE), ("llr_clip", LLR_CLIP_QUANTILE))
+        return tuple(ClipRequest(name, q) for name, q in wanted if getattr(self, name) is None)
+
+    @property
+    def warm_start_clip(self) -> float | None:
+        return self.grad_clip
+
+    def initial_step_size(self) -> float:
+        """``step_size`` as stated, or derived from the calibrated noise (see above)."""
+        if self.step_size is not None:
+            return self.step_size
         z_grad, z_llr = self.noise_multipliers()
+        # With inverse mass Sigma the velocity has norm about sqrt(tr Sigma): the
+        # trajectory is about L eta sqrt(tr Sigma) long, and the noisy kicks move
+        # the energy by about eta sigma_g sqrt(L tr Sigma).
+        trace, _ = self._metric_scales(self._mass()[2], self._private_model.num_params)
+        steps = self.num_steps
+        unit = self.sensitivity_factor * self.temperature
+        by_llr = 1.0 / (z_llr * unit * self.llr_clip * steps * math.sqrt(trace))
+        by_grad = 1.0 / (z_grad * unit * self.grad_clip * math.sqrt(steps * trace))
+        return min(by_llr, by_grad, MAX_DEFAULT_STEP_SIZE)
+
+    def _core(self, num_warmup: int):
+        if self.grad_clip is None or self.llr_clip is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no grad_clip or llr_clip: state them, or run "
+                "it through PrivateMCMC with a budget (it chooses them privately)."
+            )
+        z_grad, z_llr = self.noise_multipliers()
+        dense, adapt, inv_mass = self._mass()
         init_fn, sample_fn = dp_hmc(
             self._private_model,
             num_warmup,
@@ -483,16 +546,16 @@ class DPHMC(DPKernel):
             noise_multiplier_llr=z_llr,
             sensitivity_factor=self.sensitivity_factor,
             temperature=self.temperature,
-            step_size_jitter=self.step_size_jitter,
+            step_size_jitter=self._jitter(),
             adapt_step_size=self.adapt_step_size,
-            adapt_mass_matrix=self.adapt_mass_matrix,
-            dense_mass=self.dense_mass,
+            adapt_mass_matrix=adapt,
+            dense_mass=dense,
             target_accept_prob=self.target_accept_prob,
             grad_route=self.grad_route,
             proposal_variance_factor=self.proposal_variance_factor,
         )
-        inv_mass = self._initial_inverse_mass_matrix(jnp.result_type(float))
-        return (lambda params, key: init_fn(params, self.step_size, inv_mass, key)), sample_fn
+        step_size = self.initial_step_size()
+        return (lambda params, key: init_fn(params, step_size, inv_mass, key)), sample_fn
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"acc. prob={state.mean_accept_prob:.2f}, step size={state.step_size:.2e}"

@@ -40,14 +40,16 @@ class DPMALA(DPHMC):
     ----------
     model : callable
         A NumPyro model with a plate over the data rows.
-    step_size : float
+    step_size : float, optional
         ``s``: the proposal is ``N(theta + (s^2/2) M^-1 g(theta), a s^2 M^-1)``
-        (initial value when ``adapt_step_size``).
-    grad_clip : float
+        (initial value when ``adapt_step_size``); derived from the noise by
+        default, as for :class:`~numpyro_dp.DPHMC`.
+    grad_clip : float, optional
         ``b_g``: every row's log-likelihood gradient is clipped to this l2 norm.
-    llr_clip : float
+    llr_clip : float, optional
         ``b_l``: every row's log-likelihood ratio is clipped to ``b_l h`` with
         ``h = ||theta' - theta||``.  If no ratio is clipped the chain is exact.
+        Omitted clips are chosen privately, as for :class:`~numpyro_dp.DPHMC`.
     proposal_variance_factor : float
         ``a`` of SPEC s6: the proposal variance is ``a s^2`` (1 is plain MALA).
         Larger ``a`` moves further for the same drift.
@@ -61,17 +63,19 @@ class DPMALA(DPHMC):
         As for every kernel (SPEC s0).
     inverse_mass_matrix : array, optional
         Preconditioner ``M^-1`` over the flattened unconstrained parameters
-        (1-D diagonal, 2-D dense); identity by default.
-    dense_mass : bool
-        Dense rather than diagonal preconditioner.
+        (1-D diagonal, 2-D dense); by default the warm start's Laplace
+        covariance, else the identity (as for :class:`~numpyro_dp.DPHMC`).
+    dense_mass : bool, optional
+        Dense rather than diagonal preconditioner (default as for DPHMC).
     adapt_step_size : bool
         Dual averaging of ``s`` in warm-up on the noisy acceptance probability.
-    adapt_mass_matrix : bool
-        Estimate ``M^-1`` from warm-up draws (NumPyro's windows).
+    adapt_mass_matrix : bool, optional
+        Estimate ``M^-1`` from warm-up draws (NumPyro's windows); by default
+        only without the warm start's covariance.
     target_accept_prob : float
         Target of the step-size adaptation; 0.574 is optimal for MALA
         (Roberts & Rosenthal 1998).
-    step_size_jitter : float
+    step_size_jitter : float, optional
         As for :class:`~numpyro_dp.DPHMC` (0 keeps ``s`` fixed).
     grad_route : {"auto", "jacobian"}
         How the per-row clipped gradient sum is computed (all exact).
@@ -92,10 +96,10 @@ class DPMALA(DPHMC):
     def __init__(
         self,
         model: Callable,
-        step_size: float = 0.1,
+        step_size: float | None = None,
         *,
-        grad_clip: float,
-        llr_clip: float,
+        grad_clip: float | None = None,
+        llr_clip: float | None = None,
         proposal_variance_factor: float = 1.0,
         noise_multiplier_grad: float | None = None,
         noise_multiplier_llr: float | None = None,
@@ -104,11 +108,11 @@ class DPMALA(DPHMC):
         neighbourhood: str = "substitute",
         data_plate: str | None = None,
         inverse_mass_matrix: Any = None,
-        dense_mass: bool = False,
+        dense_mass: bool | None = None,
         adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
+        adapt_mass_matrix: bool | None = None,
         target_accept_prob: float = 0.574,
-        step_size_jitter: float = 0.0,
+        step_size_jitter: float | None = None,
         grad_route: str = "auto",
         init_strategy: Callable = init_to_uniform,
     ):

@@ -29,6 +29,7 @@ with NumPyro's windowed schedule.  Both are post-processing of releases.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -36,18 +37,20 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 from jax import lax, random
-from numpyro.infer.hmc_util import HMCAdaptState, warmup_adapter
+from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.batching import sample_without_replacement
 from numpyro_dp.kernels.base import (
+    ClipRequest,
     DPKernel,
     check_positive,
     clip_ratios,
     penalty_test,
     phase_mean,
     release_llr,
+    warmup_adapter,
 )
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.rounding import (
@@ -61,6 +64,12 @@ from numpyro_dp.rounding import (
 from numpyro_dp.secret import noise_key
 
 PROPOSALS = ("random_walk", "one_coordinate", "guided")
+#: Quantile of the rows' slopes that a privately chosen ``llr_clip`` covers:
+#: a clipped ratio biases the target, a larger clip only adds noise.
+LLR_CLIP_QUANTILE = 0.95
+#: Cap of the noise-derived initial proposal scale (unconstrained units): at
+#: negligible noise the prior's scale, not the noise, limits a step.
+MAX_DEFAULT_SCALE = 1.0
 
 
 class DPPenaltyState(NamedTuple):
@@ -169,7 +178,8 @@ def dp_penalty(
 
     Returns
     -------
-    init_fn(init_params, proposal_scale, rng_key) -> DPPenaltyState
+    init_fn(init_params, proposal_scale, covariance, rng_key) -> DPPenaltyState
+        ``covariance``: the initial proposal covariance (None: identity).
     sample_fn(state, model_args, model_kwargs, secret) -> DPPenaltyState
         ``secret`` is the run secret (:mod:`numpyro_dp.secret`): the noise and
         the batch come from it, proposals and the accept test from the state's
@@ -185,10 +195,11 @@ def dp_penalty(
         target_accept_prob=target_accept_prob,
     )
 
-    def init_fn(init_params: dict, proposal_scale: float, rng_key):
+    def init_fn(init_params: dict, proposal_scale: float, covariance, rng_key):
         rng_key, key_wa = random.split(rng_key)
         theta = pm.ravel(init_params)
-        adapt_state = wa_init((theta,), key_wa, proposal_scale, mass_matrix_size=dim)
+        adapt_state = wa_init((theta,), key_wa, proposal_scale, inverse_mass_matrix=covariance,
+                              mass_matrix_size=dim)
         zero = jnp.zeros((), theta.dtype)
         return DPPenaltyState(
             i=jnp.array(0),
@@ -276,12 +287,20 @@ class DPPenalty(DPKernel):
     ----------
     model : callable
         A NumPyro model with a plate over the data rows.
-    llr_clip : float
+    llr_clip : float, optional
         ``b_l``: each per-row log-likelihood ratio is clipped to
         ``[-b_l h, b_l h]`` with ``h`` the proposal's step length.  Choose it so
-        that few ratios are clipped (bias) but not much larger (noise).
-    proposal_scale : float
-        Initial random-walk scale ``s`` in unconstrained space.
+        that few ratios are clipped (bias) but not much larger (noise).  A
+        stated bound is public and costs nothing; when omitted,
+        :class:`~numpyro_dp.PrivateMCMC` chooses it privately before the run
+        (a DP quantile of the rows' log-likelihood slopes along the proposal's
+        directions at the warm start, ``PrivateMCMC(clip_selection=)``).
+    proposal_scale : float, optional
+        Initial scale ``s`` in unconstrained space.  By default it is derived
+        from the calibrated noise: the step length ``h`` whose released ratio
+        carries noise of standard deviation 1 (``h = 1 / (z Delta_factor b_l
+        T)``; ``s = h / sqrt(d)`` for the random walk), the largest step whose
+        acceptance the noise does not swamp.
     proposal : {"random_walk", "one_coordinate", "guided"}
         Gaussian random walk in all coordinates; in one random coordinate
         (smaller ``h``, less noise); or the guided random walk (one coordinate,
@@ -298,10 +317,14 @@ class DPPenalty(DPKernel):
     adapt_proposal_scale : bool
         Tune ``s`` in warm-up by dual averaging on the noisy acceptance
         probability towards ``target_accept_prob``.
-    adapt_covariance : bool
-        Estimate the proposal covariance from warm-up draws (NumPyro's windows).
-    dense_covariance : bool
-        Dense rather than diagonal proposal covariance.
+    adapt_covariance : bool, optional
+        Estimate the proposal covariance from warm-up draws (NumPyro's
+        windows).  By default only when there is no private warm start: its
+        Laplace covariance is the initial proposal covariance, and chains that
+        noise keeps from moving would estimate one that shrinks every step.
+    dense_covariance : bool, optional
+        Dense rather than diagonal proposal covariance; by default dense for
+        the warm start's covariance up to 50 parameters, else diagonal.
     target_accept_prob : float, optional
         Defaults to 0.234 (random walk) or 0.44 (one coordinate, guided).
     batch_size : int, optional
@@ -321,12 +344,13 @@ class DPPenalty(DPKernel):
 
     private_safe_fields = DPPenaltyState._fields
     default_fields = ("z", "accept_prob", "accepted")
+    tunable = True
 
     def __init__(
         self,
         model: Callable,
-        llr_clip: float,
-        proposal_scale: float = 0.1,
+        llr_clip: float | None = None,
+        proposal_scale: float | None = None,
         *,
         proposal: str = "random_walk",
         noise_multiplier: float | None = None,
@@ -335,8 +359,8 @@ class DPPenalty(DPKernel):
         data_plate: str | None = None,
         init_strategy: Callable = init_to_uniform,
         adapt_proposal_scale: bool = True,
-        adapt_covariance: bool = True,
-        dense_covariance: bool = False,
+        adapt_covariance: bool | None = None,
+        dense_covariance: bool | None = None,
         target_accept_prob: float | None = None,
         batch_size: int | None = None,
     ):
@@ -348,13 +372,15 @@ class DPPenalty(DPKernel):
             data_plate=data_plate,
             init_strategy=init_strategy,
         )
-        self.llr_clip = check_positive(
+        self.llr_clip = None if llr_clip is None else check_positive(
             "llr_clip", llr_clip,
-            "it bounds each row's log-likelihood ratio per unit step (e.g. 0.1 to 10).",
+            "it bounds each row's log-likelihood ratio per unit step (e.g. 0.1 to 10), "
+            "or leave it None to have it chosen privately.",
         )
-        self.proposal_scale = check_positive(
+        self.proposal_scale = None if proposal_scale is None else check_positive(
             "proposal_scale", proposal_scale,
-            "it is the random-walk standard deviation in unconstrained space.",
+            "it is the random-walk standard deviation in unconstrained space, or leave "
+            "it None to derive it from the noise.",
         )
         if proposal not in PROPOSALS:
             raise ValueError(f"proposal={proposal!r}; use one of {PROPOSALS}.")
@@ -404,7 +430,42 @@ class DPPenalty(DPKernel):
             self._rows_for_event(num_rows), self.batch_size, dpa.GaussianDpEvent(z)
         )
 
+    def clip_requests(self) -> tuple[ClipRequest, ...]:
+        if self.llr_clip is not None:
+            return ()
+        scale = "directional" if self.proposal == "random_walk" else "coordinate"
+        return (ClipRequest("llr_clip", LLR_CLIP_QUANTILE, scale),)
+
+    def initial_proposal_scale(self) -> float:
+        """``proposal_scale`` as stated, or derived from the calibrated noise (see above)."""
+        if self.proposal_scale is not None:
+            return self.proposal_scale
+        pm = self._private_model
+        trace, largest = self._metric_scales(self._covariance()[2], pm.num_params)
+        noise_per_unit_step = (
+            self._noise_for_event(None) * self.sensitivity_factor * self.llr_clip
+            * self.temperature
+        )
+        if self.batch_size is not None:  # the batch sum is scaled by n / b
+            noise_per_unit_step *= pm.num_rows / self.batch_size
+        # A step s e has length about s sqrt(tr Sigma) (random walk) or
+        # s sqrt(Sigma_jj) (one coordinate) under the proposal covariance Sigma.
+        h = 1.0 / noise_per_unit_step
+        reach = math.sqrt(trace if self.proposal == "random_walk" else largest)
+        return min(h / reach, MAX_DEFAULT_SCALE)
+
+    def _covariance(self):
+        """``(dense, adapt, initial proposal covariance)`` of the coming run."""
+        return self._metric(self.dense_covariance, self.adapt_covariance, None,
+                            "proposal covariance", jnp.result_type(float))
+
     def _core(self, num_warmup: int):
+        if self.llr_clip is None:
+            raise RuntimeError(
+                "DPPenalty has no llr_clip: state one, or run it through PrivateMCMC "
+                "with a budget (it chooses the clip privately)."
+            )
+        dense, adapt, covariance = self._covariance()
         init_fn, sample_fn = dp_penalty(
             self._private_model,
             num_warmup,
@@ -414,12 +475,13 @@ class DPPenalty(DPKernel):
             temperature=self.temperature,
             proposal=self.proposal,
             adapt_proposal_scale=self.adapt_proposal_scale,
-            adapt_covariance=self.adapt_covariance,
-            dense_covariance=self.dense_covariance,
+            adapt_covariance=adapt,
+            dense_covariance=dense,
             target_accept_prob=self.target_accept_prob,
             batch_size=self.batch_size,
         )
-        return (lambda params, key: init_fn(params, self.proposal_scale, key)), sample_fn
+        scale = self.initial_proposal_scale()
+        return (lambda params, key: init_fn(params, scale, covariance, key)), sample_fn
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"acc. prob={state.mean_accept_prob:.2f}, scale={state.proposal_scale:.2e}"

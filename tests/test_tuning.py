@@ -1,0 +1,340 @@
+"""Private tuning (issue 18): clip selection, the warm start, their budget, the planner."""
+
+import warnings
+
+import dp_accounting as dpa
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from conftest import logistic_model, make_logistic_data
+
+import numpyro_dp as ndp
+from numpyro_dp import tuning
+from numpyro_dp.accounting import epsilon_spent
+from numpyro_dp.kernels.base import ClipRequest
+from numpyro_dp.model import PrivateModel
+
+DELTA = 1e-6
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_logistic_data(1000, 3, seed=3)
+
+
+def alone(entries, delta=DELTA):
+    return epsilon_spent(dpa.ComposedDpEvent([e.event for e in entries]), delta)
+
+
+# ------------------------------------------------------------------ budget
+@pytest.mark.parametrize("warm, clips", [(0.3, 0.05), (0.1, 0.02), (0.0, 0.05)])
+def test_tuning_spends_its_share_and_no_more(warm, clips):
+    eps = 3.0
+    request = (ClipRequest("llr_clip", 0.95),)
+    plan = tuning.plan_tuning(eps, DELTA, warm_start=warm, clip_selection=clips,
+                              requests=request, warm_start_clip=None)
+    spent = epsilon_spent(plan.event(), DELTA)
+    share = (warm + clips) * eps
+    assert spent <= share
+    assert spent >= 0.999 * share  # the share is used, not wasted
+    # The shares split mu^2 in proportion.
+    mu2 = {phase: k / event.noise_multiplier**2 for phase, event, k in plan.entries()}
+    if warm:
+        np.testing.assert_allclose(mu2["warm start"] / mu2["clip selection"], warm / clips,
+                                   rtol=1e-6)
+        # Two warm-start stages choose their gradient and Hessian clips; then llr_clip.
+        assert plan.num_histograms == 2 * 2 + 1
+    else:
+        assert plan.num_histograms == 1 and plan.warm_start_steps == 0
+
+
+def test_nothing_to_tune_plans_nothing():
+    assert tuning.plan_tuning(1.0, DELTA, warm_start=0.0, clip_selection=0.05, requests=(),
+                              warm_start_clip=None) is None
+    plan = tuning.plan_tuning(1.0, DELTA, warm_start=0.2, clip_selection=0.05, requests=(),
+                              warm_start_clip=1.0)
+    # A stated gradient clip costs nothing; each stage still chooses its Hessian clip.
+    assert plan.num_histograms == tuning.WARM_START_STAGES
+
+
+def test_a_warm_start_the_noise_would_swamp_is_not_made():
+    kwargs = dict(warm_start=0.3, clip_selection=0.05, requests=(), warm_start_clip=1.0)
+    plan = tuning.plan_tuning(1.0, DELTA, num_rows=200, **kwargs)
+    assert plan is None  # nothing left to tune: its share goes to sampling
+    plan = tuning.plan_tuning(1.0, DELTA, num_rows=200_000, **kwargs)
+    assert plan.warm_start_steps == tuning.WARM_START_STEPS
+
+
+def test_clip_selection_share_zero_with_a_missing_clip_names_the_fix():
+    with pytest.raises(ValueError, match="state the\\s+clip"):
+        tuning.plan_tuning(1.0, DELTA, warm_start=0.2, clip_selection=0.0,
+                           requests=(ClipRequest("llr_clip", 0.95),), warm_start_clip=None)
+
+
+# ---------------------------------------------------------------- releases
+def test_histogram_quantile_of_exact_counts():
+    values = np.concatenate([np.full(900, 0.3), np.full(100, 5.0)])
+    counts = np.asarray(tuning.release_histogram(jax.random.PRNGKey(0), jax.numpy.asarray(
+        values, np.float32), 1e-9, "substitute"))
+    np.testing.assert_allclose(counts.sum(), 1000, atol=1e-3)
+    # 90% of the rows are at or below the first edge >= 0.3; 95% needs the edge >= 5.
+    assert tuning.histogram_quantile(counts, 1000, 0.9) == pytest.approx(2 ** -1.5)
+    assert tuning.histogram_quantile(counts, 1000, 0.95) == pytest.approx(2 ** 2.5)
+    # Non-finite values count in the top bin: the clip can never be below them by accident.
+    counts = np.asarray(tuning.release_histogram(
+        jax.random.PRNGKey(0), jax.numpy.asarray([0.3, np.nan, np.inf, 0.3]), 1e-9, "add_remove"))
+    assert counts[-1] == pytest.approx(2, abs=1e-6)
+
+
+def test_histogram_noise_is_scaled_to_its_sensitivity():
+    values = jax.numpy.zeros(10_000) + 1.0
+    draws = np.stack([
+        np.asarray(tuning.release_histogram(jax.random.PRNGKey(k), values, 5.0, "substitute"))
+        for k in range(40)
+    ])
+    # Empty bins carry pure noise: sd = z * sqrt(2) (substitute), up to the grid's rounding.
+    empty = draws[:, :10].ravel()
+    sd = empty.std()
+    # The sd of 400 normal draws is within 4 standard errors (sd / sqrt(2 * 400)).
+    assert abs(sd - 5.0 * np.sqrt(2)) < 4 * 5.0 * np.sqrt(2) / np.sqrt(800)
+
+
+def test_warm_start_reaches_the_mode_at_negligible_noise(data):
+    X, y = data
+    pm = PrivateModel(logistic_model, (X, y), {})
+    # The mode by Newton's method on the exact log posterior.
+    def log_post(w):
+        terms = pm.log_density_terms(pm.unravel(w), (X, y), {})
+        return terms.prior + terms.loglik_rows.sum()
+
+    w = np.zeros(3, np.float32)
+    for _ in range(20):
+        w = w - np.linalg.solve(jax.hessian(log_post)(w), jax.grad(log_post)(w))
+    run = tuning.warm_start_fn(pm, steps=10, noise_multiplier=1e-6, neighbourhood="substitute",
+                               temperature=1.0)
+    theta0 = np.array([3.0, -3.0, 2.0], np.float32)  # far out in the prior
+    start, _, _ = jax.jit(run)(theta0, 2.0, 4.0, jax.random.PRNGKey(0), (X, y), {},
+                               np.array([1, 2], np.uint32))
+    # ||x_i|| <= 1 and |y - p| <= 1: a clip of 2 clips nothing, so the mode is exact.
+    np.testing.assert_allclose(start, w, atol=1e-3)
+
+
+# -------------------------------------------------------------- the runner
+def test_default_run_selects_clips_and_warm_starts_within_budget(data):
+    X, y = data
+    kernel = ndp.DPPenalty(logistic_model)
+    assert kernel.llr_clip is None and kernel.proposal_scale is None
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=20, num_chains=2,
+                           epsilon=2.0, delta=DELTA, progress_bar=False,
+                           chain_method="vectorized", check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    entries = mcmc.privacy_spent().ledger
+    assert [(e.phase, e.num_chains, e.num_iterations) for e in entries] == [
+        ("clip selection", 1, 5), ("warm start", 1, 2 * tuning.WARM_START_STEPS),
+        ("warmup+sample", 2, 40)]
+    ledger = mcmc.ledger.entries
+    assert alone(ledger[:2]) <= (tuning.WARM_START_SHARE + tuning.CLIP_SELECTION_SHARE) * 2.0
+    assert 2.0 - 1e-2 <= mcmc.privacy_spent().epsilon <= 2.0
+    assert kernel.llr_clip == mcmc.tuning.clips["llr_clip"] > 0
+    # The chains start around the warm start (different points, near it).
+    starts = mcmc.get_samples(group_by_chain=True)["w"][:, 0]
+    assert not np.allclose(starts[0], starts[1])
+
+
+def test_second_run_tunes_nothing(data):
+    X, y = data
+    kernel = ndp.DPHMC(logistic_model, num_steps=2)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, epsilon=4.0, delta=DELTA,
+                           progress_bar=False, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    phases = [e.phase for e in mcmc.privacy_spent().ledger]
+    assert phases == ["clip selection", "warm start", "warmup+sample"]
+    assert set(mcmc.tuning.clips) == {"grad_clip", "llr_clip"}
+    assert mcmc.tuning.warm_start_clip > 0
+    # The kernel's clips are the released ones; its step size comes from the noise.
+    assert kernel.grad_clip == mcmc.tuning.clips["grad_clip"]
+    assert 0 < kernel.initial_step_size() <= 1.0
+    with pytest.raises(ndp.PrivacyBudgetError):  # the budget is spent...
+        mcmc.run(jax.random.PRNGKey(1), X, y)
+    assert [e.phase for e in mcmc.privacy_spent().ledger] == phases  # ...and nothing tuned
+
+
+def test_warm_start_off_and_stated_clips_spend_nothing_on_tuning(data):
+    X, y = data
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, epsilon=2.0, delta=DELTA,
+                           progress_bar=False, warm_start=0, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert [e.phase for e in mcmc.privacy_spent().ledger] == ["warmup+sample"]
+    assert mcmc.tuning is None
+
+
+def test_init_params_skip_the_warm_start(data):
+    X, y = data
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, epsilon=2.0, delta=DELTA,
+                           progress_bar=False, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y, init_params={"w": np.zeros(3, np.float32)})
+    assert [e.phase for e in mcmc.privacy_spent().ledger] == ["warmup+sample"]
+
+
+def test_missing_clip_without_a_budget_names_the_fix(data):
+    X, y = data
+    kernel = ndp.DPPenalty(logistic_model, noise_multiplier=5.0)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, delta=DELTA,
+                           progress_bar=False)
+    with pytest.raises(ValueError, match="llr_clip.*state the clip"):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert mcmc.privacy_spent().num_releases == 0
+
+
+def test_a_run_the_budget_cannot_pay_spends_nothing_on_tuning(data):
+    X, y = data
+    mcmc = ndp.PrivateMCMC(ndp.DPPenalty(logistic_model), num_warmup=500, num_samples=500,
+                           num_chains=4, epsilon=1e-3, delta=DELTA, progress_bar=False)
+    with pytest.raises(ndp.PrivacyBudgetError):
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    assert mcmc.privacy_spent().num_releases == 0 and mcmc.tuning is None
+
+
+@pytest.mark.parametrize("name, value", [("warm_start", 1.2), ("clip_selection", -0.1)])
+def test_bad_shares_are_refused(name, value):
+    with pytest.raises(ValueError, match=name):
+        ndp.PrivateMCMC(ndp.DPPenalty(logistic_model), num_warmup=1, num_samples=1,
+                        epsilon=1.0, delta=DELTA, **{name: value})
+
+
+# ------------------------------------------------------------------ planner
+def test_planner_calls_a_small_data_set_at_epsilon_1_infeasible(data):
+    X, y = data
+    plan = ndp.plan(logistic_model, X[:500], y[:500], epsilon=1.0, delta=DELTA)
+    assert plan.verdict == "infeasible" and not plan.feasible
+    assert plan.epsilon_feasible is not None and plan.epsilon_feasible > 1.0
+    text = str(plan)
+    assert "INFEASIBLE" in text and "Nothing has been spent" in text
+    # The epsilon it advises is feasible, and the noise is what the runner calibrates.
+    better = ndp.plan(logistic_model, X[:500], y[:500], epsilon=plan.epsilon_feasible,
+                      delta=DELTA)
+    assert better.feasible
+
+
+def test_planner_noise_matches_the_runner(data):
+    X, y = data
+    plan = ndp.plan(logistic_model, X, y, epsilon=3.0, delta=DELTA, num_warmup=10,
+                    num_samples=10, num_chains=2)
+    kernel = ndp.DPPenalty(logistic_model)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=10, num_samples=10, num_chains=2, epsilon=3.0,
+                           delta=DELTA, progress_bar=False, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    np.testing.assert_allclose(plan.noise_multiplier, kernel.noise_multiplier, rtol=1e-4)
+
+
+def test_planner_points_a_linear_model_to_released_statistics():
+    def linear(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
+
+    X, _ = make_logistic_data(400, 2)
+    y = X @ np.array([1.0, -1.0], np.float32)
+    plan = ndp.plan(linear, X, y, epsilon=1.0, delta=DELTA)
+    assert plan.verdict == "infeasible"
+    assert any("ndp.linreg" in a for a in plan.advice)
+
+
+def test_noise_derived_proposal_scale(data):
+    X, y = data
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=2.0, noise_multiplier=10.0)
+    kernel.prepare((X, y), {})
+    # sigma of the released ratio is 1 at the default step: h = 1 / (z * 2 * b_l).
+    np.testing.assert_allclose(kernel.initial_proposal_scale() * np.sqrt(3), 1 / (10 * 2 * 2.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny = ndp.DPPenalty(logistic_model, llr_clip=2.0, noise_multiplier=1e-9)
+    tiny.prepare((X, y), {})
+    assert tiny.initial_proposal_scale() == 1.0  # capped at negligible noise
+
+
+def test_tuning_publishes_nothing_per_row(data):
+    X, y = data
+    mcmc = ndp.PrivateMCMC(ndp.DPHMC(logistic_model, num_steps=2), num_warmup=5, num_samples=5,
+                           num_chains=2, epsilon=4.0, delta=DELTA, progress_bar=False,
+                           check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y)
+    result = mcmc.tuning
+    leaves = jax.tree_util.tree_leaves((result.clips, result.warm_start_clip, result.start,
+                                        result.dispersion, result.covariance))
+    assert leaves and all(np.size(leaf) <= 9 for leaf in leaves)  # d = 3: at most d x d
+    assert all(np.all(np.isfinite(leaf)) for leaf in leaves)
+
+
+# ------------------------------------- negligible noise from the default start
+def earnings_model(height, earn=None):
+    """The classic uncentred regression (earnings on height): improper flat
+    priors on the coefficients, a half-Cauchy scale, posterior correlation -0.998."""
+    a = numpyro.sample("a", dist.ImproperUniform(dist.constraints.real, (), ()))
+    b = numpyro.sample("b", dist.ImproperUniform(dist.constraints.real, (), ()))
+    sigma = numpyro.sample("sigma", dist.HalfCauchy(5.0))
+    with numpyro.plate("data", height.shape[0]):
+        numpyro.sample("earn", dist.Normal(a + b * height, sigma), obs=earn)
+
+
+def earnings_data():
+    rng = np.random.default_rng(0)
+    height = rng.normal(66.0, 3.8, 400).astype(np.float32)  # inches
+    earn = (-60.0 + 1.2 * height + rng.normal(0, 19.0, 400)).astype(np.float32)  # $1000s
+    return earnings_model, (height, earn), ("a", "b", "sigma")
+
+
+def logistic_data_case():
+    X, y = make_logistic_data(2000, 3, seed=7)
+    return logistic_model, (X, y), ("w",)
+
+
+RIDGE = pytest.mark.xfail(strict=True, reason=(
+    "issue 18 target not met: along the a-b ridge (posterior correlation -0.998) the "
+    "posterior precision, 0.0035, is below the noise of the warm start's Hessian release "
+    "even at epsilon = 1e7 (0.06), so the start stays ~5 sds down the ridge, and neither "
+    "fixed-length DP-HMC nor the random-walk penalty crosses it in 4000 iterations"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, kernel", [
+    (logistic_data_case, "DPHMC"), (logistic_data_case, "DPPenalty"),
+    pytest.param(earnings_data, "DPHMC", marks=RIDGE),
+    pytest.param(earnings_data, "DPPenalty", marks=RIDGE),
+], ids=["logistic-DPHMC", "logistic-DPPenalty", "earnings-DPHMC", "earnings-DPPenalty"])
+def test_default_start_and_settings_match_nuts_at_negligible_noise(case, kernel):
+    """Issue 18's target: at epsilon = 1e7, from the default start (a private
+    warm start) and with default settings (clips, steps, mass matrix), the
+    private chains match NUTS: MMD within the spread of NUTS against itself.
+    The earnings model is the classic uncentred regression with improper flat
+    priors and a half-Cauchy scale."""
+    from test_penalty import assert_mmd_within_exact_spread
+
+    model, args, sites = case()
+
+    def matrix(samples, axis):
+        return np.concatenate([np.asarray(samples[k]).reshape(
+            np.shape(samples[k])[:axis] + (-1,)) for k in sites], axis=-1)
+
+    nuts = numpyro.infer.MCMC(numpyro.infer.NUTS(model), num_warmup=1000,
+                              num_samples=20000, progress_bar=False)
+    nuts.run(jax.random.PRNGKey(0), *args)
+    exact = matrix(nuts.get_samples(), 1)
+
+    def exact_sampler(seed, size):
+        return exact[np.random.default_rng(seed).choice(len(exact), size, replace=False)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc = ndp.PrivateMCMC(getattr(ndp, kernel)(model), num_warmup=1000,
+                               num_samples=3000, num_chains=4, epsilon=1e7, delta=1e-6,
+                               chain_method="vectorized", progress_bar=False,
+                               reproducible_noise=True)
+        mcmc.run(jax.random.PRNGKey(1), *args)
+    assert mcmc.mixing.max_rhat < 1.05
+    assert_mmd_within_exact_spread(matrix(mcmc.get_samples(group_by_chain=True), 2),
+                                   exact_sampler)
