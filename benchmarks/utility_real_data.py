@@ -284,10 +284,13 @@ def write_outputs(rows, out: Path) -> None:
     header = ("| case | epsilon | kernel | plan | error (NUTS sds) | sd ratio | R-hat | "
               "eps warm start / clips / sampling | wall s |\n"
               "|---|---|---|---|---|---|---|---|---|\n")
+    def rhat(value):  # identical chains (none moved) give an astronomic R-hat
+        return "-" if value != value else ("frozen" if value > 1e3 else f"{value:.2f}")
+
     lines = [
         f"| {r['case']} | {r['epsilon']:g} | {r['kernel']} | {r['verdict']} | "
         f"{r['err_sd']:.2f} | {r['sd_ratio_min']:.2f}-{r['sd_ratio_max']:.2f} | "
-        f"{r['rhat']:.2f} | {r['eps_warm_start']:.2f} / {r['eps_clip_selection']:.2f} / "
+        f"{rhat(r['rhat'])} | {r['eps_warm_start']:.2f} / {r['eps_clip_selection']:.2f} / "
         f"{r['eps_sampling']:.2f} | {r['wall_s']:.0f} |"
         for r in rows
     ]
@@ -320,7 +323,17 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=None, help="substrings of case names")
     parser.add_argument("--num-warmup", type=int, default=500)
     parser.add_argument("--num-samples", type=int, default=500)
+    parser.add_argument("--from-csv", action="store_true",
+                        help="rewrite the table and figure from the CSV of an earlier run")
     args = parser.parse_args()
+    if args.from_csv:
+        import csv
+
+        with open(Path(args.out).with_suffix(".csv")) as f:
+            rows = [{k: (v if k in ("case", "kernel", "verdict") else float(v))
+                     for k, v in row.items()} for row in csv.DictReader(f)]
+        write_outputs(rows, Path(args.out))
+        return
     rows = []
     for name, model, margs, mkwargs in cases():
         if args.cases and not any(c in name for c in args.cases):

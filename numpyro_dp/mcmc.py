@@ -32,6 +32,7 @@ from numpyro_dp.secret import run_secret
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_SHARE,
+    WARM_START_STAGES,
     WARM_START_STEPS,
     TuningPlan,
     TuningResult,
@@ -216,8 +217,8 @@ class PrivateMCMC(MCMC):
         ``(warm_start + clip_selection) * epsilon`` alone; the sampler's noise
         is calibrated to what is left, so the total never exceeds ``epsilon``.
     warm_start_steps : int
-        Noisy gradient steps of the warm start (each a charged release; the
-        share is split among them).
+        Noisy Newton steps of the warm start, a multiple of its 2 stages (each
+        step two charged releases; the share is split among them).
     check_mixing : bool
         After each call that draws samples, compute split R-hat, bulk ESS and
         how often each chain moved from its draws (free post-processing, kept
@@ -338,8 +339,12 @@ class PrivateMCMC(MCMC):
                 f"warm_start + clip_selection = {warm_start + clip_selection} leaves "
                 "nothing of epsilon for sampling; keep their sum well below 1."
             )
-        if not (isinstance(warm_start_steps, int) and warm_start_steps >= 1):
-            raise ValueError(f"warm_start_steps={warm_start_steps!r} must be a positive integer.")
+        if not (isinstance(warm_start_steps, int) and warm_start_steps >= 2
+                and warm_start_steps % WARM_START_STAGES == 0):
+            raise ValueError(
+                f"warm_start_steps={warm_start_steps!r} must be a positive multiple of "
+                f"{WARM_START_STAGES} (the warm start's stages, each choosing its clips)."
+            )
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
         super().__init__(
             sampler,

@@ -35,6 +35,7 @@ The sampler is then calibrated to what is left.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -389,15 +390,16 @@ def run_tuning(
     """
     keys = iter(random.split(rng_key, 16))
 
-    def histogram(theta, scale):
-        @jax.jit
-        def release(theta, key, rows, secret):
-            args, kwargs = pm.rebuild(rows)
-            values = gradient_scales(pm, scale, theta, key, args, kwargs)
-            return release_histogram(noise_key(secret, key), values,
-                                     plan.noise_multiplier_histogram, neighbourhood)
+    # Compiled once per call (the scale kind is static); rows and secret are arguments.
+    @functools.partial(jax.jit, static_argnames="scale")
+    def release(theta, key, rows, secret, scale):
+        args, kwargs = pm.rebuild(rows)
+        values = gradient_scales(pm, scale, theta, key, args, kwargs)
+        return release_histogram(noise_key(secret, key), values,
+                                 plan.noise_multiplier_histogram, neighbourhood)
 
-        return np.asarray(release(theta, next(keys), rows, secret))
+    def histogram(theta, scale):
+        return np.asarray(release(theta, next(keys), rows, secret, scale=scale))
 
     def quantile(theta, scale):
         return histogram_quantile(histogram(theta, scale), pm.num_rows, WARM_START_QUANTILE)
@@ -406,22 +408,22 @@ def run_tuning(
     clip = plan.warm_start_clip
     theta = theta0
     if plan.warm_start_steps:
-        stages = np.diff(np.linspace(0, plan.warm_start_steps, WARM_START_STAGES + 1).round())
-        for steps in stages.astype(int):
-            run = warm_start_fn(
-                pm, steps=steps, noise_multiplier=plan.noise_multiplier_grad,
-                neighbourhood=neighbourhood, temperature=temperature,
-            )
+        run = warm_start_fn(
+            pm, steps=plan.warm_start_steps // WARM_START_STAGES,  # a multiple (PrivateMCMC)
+            noise_multiplier=plan.noise_multiplier_grad, neighbourhood=neighbourhood,
+            temperature=temperature,
+        )
 
-            @jax.jit
-            def warm(theta, clip, hessian_clip, key, rows, secret, run=run):
-                args, kwargs = pm.rebuild(rows)
-                return run(theta, clip, hessian_clip, key, args, kwargs, secret)
+        @jax.jit
+        def warm(theta, clip, hessian_clip, key, rows, secret):
+            args, kwargs = pm.rebuild(rows)
+            return run(theta, clip, hessian_clip, key, args, kwargs, secret)
 
+        dtype = theta0.dtype
+        for _ in range(WARM_START_STAGES):
             if plan.select_start_clip:
                 clip = quantile(theta, "norm")
             hessian_clip = quantile(theta, "hessian")
-            dtype = theta0.dtype
             theta, spread, covariance = warm(
                 theta, jnp.asarray(clip, dtype), jnp.asarray(hessian_clip, dtype), next(keys),
                 rows, secret)

@@ -177,6 +177,7 @@ def test_bad_input_raises_clear_errors_before_charging(model, kwargs, error, mat
 
 
 # ------------------------------------------------------------- privacy
+@pytest.mark.slow
 def test_everything_published_is_a_function_of_the_decisions(monkeypatch):
     """With the accept decision replaced by a data-free coin, two different data sets
     give bit-identical draws, extra fields and state: nothing else (lambda, the batch

@@ -148,6 +148,7 @@ def test_releases_made_equal_releases_charged(data, releases, name):
     assert len(releases) == start and refused.privacy_spent().num_releases == 0
 
 
+@pytest.mark.warm_start
 @pytest.mark.parametrize("make", [
     lambda: ndp.DPPenalty(logistic_model),
     lambda: ndp.DPHMC(logistic_model, num_steps=2),

@@ -335,6 +335,7 @@ def counting_release(monkeypatch):
     return log
 
 
+@pytest.mark.slow
 def test_releases_made_equal_releases_charged(monkeypatch):
     X, y = make_logistic_data(200, 2)
     L, z_g, z_l, b_g, b_l, T = 3, 2.0, 0.5, 0.5, 1.0, 0.5
@@ -500,6 +501,7 @@ def test_state_holds_only_private_safe_fields(small_run):
     assert not {"potential_energy", "z_grad", "energy", "r"} & set(state._fields)
 
 
+@pytest.mark.slow
 def test_everything_published_is_a_function_of_the_releases(monkeypatch):
     """With every Gaussian release replaced by a data-free constant, two different
     data sets of the same size must give bit-identical draws, extra fields and

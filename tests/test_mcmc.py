@@ -18,6 +18,7 @@ def data():
     return make_logistic_data(500, 2, seed=1)
 
 
+@pytest.mark.slow
 def test_chain_methods_and_numpyro_api(data, capsys):
     X, y = data
     for chain_method in ("sequential", "vectorized", "parallel"):
@@ -137,6 +138,7 @@ def test_bad_data_is_rejected_before_anything_is_charged(data):
     assert mcmc.privacy_spent().num_releases == 0
 
 
+@pytest.mark.slow
 def test_huge_and_tiny_epsilon_calibrate(data):
     X, y = data
     for epsilon in (0.01, 1e7):

@@ -41,6 +41,7 @@ def leaves_with_row_dimension(tree):
     return [np.shape(x) for x in jax.tree_util.tree_leaves(tree) if N in np.shape(x)]
 
 
+@pytest.mark.slow
 def test_one_step_release_moves_by_at_most_the_sensitivity(data):
     """Same state and randomness on neighbouring data sets (one row moved by 1e6):
     the released log-acceptance differs by at most Delta = 2 T c per iteration."""

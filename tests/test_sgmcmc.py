@@ -95,6 +95,7 @@ def test_poisson_batch_overflow_keeps_a_full_buffer():
     assert int(mask.sum()) == 10 and len(set(np.asarray(idx).tolist())) == 10
 
 
+@pytest.mark.slow
 def test_masked_minibatch_gradient_equals_the_sum_over_its_rows():
     X = gaussian_data(40)
     pm = PrivateModel(gaussian_model, (X,))

@@ -17,6 +17,7 @@ from numpyro_dp.kernels.base import ClipRequest
 from numpyro_dp.model import PrivateModel
 
 DELTA = 1e-6
+pytestmark = pytest.mark.warm_start  # the library's defaults, as a user runs them
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +110,13 @@ def test_warm_start_reaches_the_mode_at_negligible_noise(data):
         terms = pm.log_density_terms(pm.unravel(w), (X, y), {})
         return terms.prior + terms.loglik_rows.sum()
 
+    @jax.jit
+    def newton(w):
+        return w - jax.numpy.linalg.solve(jax.hessian(log_post)(w), jax.grad(log_post)(w))
+
     w = np.zeros(3, np.float32)
     for _ in range(20):
-        w = w - np.linalg.solve(jax.hessian(log_post)(w), jax.grad(log_post)(w))
+        w = newton(w)
     run = tuning.warm_start_fn(pm, steps=10, noise_multiplier=1e-6, neighbourhood="substitute",
                                temperature=1.0)
     theta0 = np.array([3.0, -3.0, 2.0], np.float32)  # far out in the prior
@@ -220,6 +225,7 @@ def test_planner_calls_a_small_data_set_at_epsilon_1_infeasible(data):
     assert better.feasible
 
 
+@pytest.mark.slow
 def test_planner_noise_matches_the_runner(data):
     X, y = data
     plan = ndp.plan(logistic_model, X, y, epsilon=3.0, delta=DELTA, num_warmup=10,

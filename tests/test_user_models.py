@@ -49,6 +49,7 @@ def run(model, *args, **kwargs):
     return mcmc
 
 
+@pytest.mark.slow
 def test_an_improper_flat_prior_is_accepted_and_contributes_nothing(data):
     X, y, _ = data
     pm = PrivateModel(flat_regression, (X,), {"y": y})
