@@ -25,7 +25,8 @@ Run (about 20 minutes on two cores; needs the ``bench`` extra)::
     python benchmarks/utility_real_data.py --out docs/results/utility_real_data
 
 which writes ``utility_real_data.csv``, ``utility_real_data.md`` and
-``utility_real_data.png``.
+``utility_real_data.png``; ``--from-csv --replan`` recomputes only the
+planner's verdicts (after a change of the planner; the runs are kept).
 """
 
 from __future__ import annotations
@@ -325,6 +326,9 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=500)
     parser.add_argument("--from-csv", action="store_true",
                         help="rewrite the table and figure from the CSV of an earlier run")
+    parser.add_argument("--replan", action="store_true",
+                        help="with --from-csv: recompute the planner's verdicts (public facts "
+                             "only) with the current planner")
     args = parser.parse_args()
     if args.from_csv:
         import csv
@@ -332,6 +336,15 @@ def main() -> None:
         with open(Path(args.out).with_suffix(".csv")) as f:
             rows = [{k: (v if k in ("case", "kernel", "verdict") else float(v))
                      for k, v in row.items()} for row in csv.DictReader(f)]
+        if args.replan:
+            by_name = {name: (model, margs, mkwargs) for name, model, margs, mkwargs in cases()}
+            for row in rows:
+                if row["verdict"]:
+                    model, margs, mkwargs = by_name[row["case"]]
+                    row["verdict"] = ndp.plan(
+                        model, *margs, epsilon=row["epsilon"], delta=DELTA,
+                        num_warmup=args.num_warmup, num_samples=args.num_samples, **mkwargs,
+                    ).verdict
         write_outputs(rows, Path(args.out))
         return
     rows = []
