@@ -342,5 +342,7 @@ def test_default_start_and_settings_match_nuts_at_negligible_noise(case, kernel)
                                reproducible_noise=True)
         mcmc.run(jax.random.PRNGKey(1), *args)
     assert mcmc.mixing.max_rhat < 1.05
-    assert_mmd_within_exact_spread(matrix(mcmc.get_samples(group_by_chain=True), 2),
-                                   exact_sampler)
+    # At most 2000 draws: the exact samples are subsets of one NUTS pool of 20000,
+    # and subsets much larger than a tenth of it overlap, shrinking their spread.
+    chains = matrix(mcmc.get_samples(group_by_chain=True), 2)[:, ::6]
+    assert_mmd_within_exact_spread(chains, exact_sampler)
