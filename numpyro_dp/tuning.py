@@ -91,7 +91,7 @@ WARM_START_MIN_SNR = 10.0
 MAX_FLAT_STEP = 10.0
 #: The released curvature's eigenvalues are raised to this many times
 #: ``sigma_F sqrt(d)`` (about half the noise matrix's spectral norm).
-FISHER_FLOOR = 1.0
+CURVATURE_FLOOR = 1.0
 
 
 def histogram_sensitivity(neighbourhood: str) -> float:
@@ -262,7 +262,7 @@ def warm_start_fn(
     ``K`` times the neighbourhood's factor, noise multiplier ``z`` each) and
     moves by ``(-T H + P)^-1 (T g + grad log p)``, with ``H`` the released
     Hessian sum (symmetrised, the eigenvalues of ``-T H + P`` raised to
-    :data:`FISHER_FLOOR` times the noise's scale), ``P`` the public prior's
+    :data:`CURVATURE_FLOOR` times the noise's scale), ``P`` the public prior's
     negative Hessian, each step at most :data:`MAX_WARM_START_STEP` prior sds
     long.  Gradient descent alone needs hundreds of steps on a real,
     ill-conditioned problem, each paid for, and the empirical Fisher
@@ -286,15 +286,15 @@ def warm_start_fn(
             return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
 
         def step(theta, k):
-            key_g, key_f = random.split(random.fold_in(key, k))
-            total_g, total_f = clipped_grad_and_hessian_sums(
+            key_g, key_h = random.split(random.fold_in(key, k))
+            total_g, total_h = clipped_grad_and_hessian_sums(
                 pm, theta, clip, hessian_clip, model_args, model_kwargs, levels)
             grad, _ = release_clipped_sum(
                 noise_key(secret, key_g), total_g, pm.num_rows, bound,
                 noise_multiplier=noise_multiplier, sensitivity_factor=factor,
             )
-            hessian, sigma_f = release_clipped_sum(
-                noise_key(secret, key_f), total_f, pm.num_rows,
+            hessian, sigma_h = release_clipped_sum(
+                noise_key(secret, key_h), total_h, pm.num_rows,
                 vector_clip_bound(hessian_clip, dim * dim, dtype),
                 noise_multiplier=noise_multiplier, sensitivity_factor=factor,
             )
@@ -303,7 +303,7 @@ def warm_start_fn(
             prior_precision = -jax.hessian(prior)(theta)
             precision = -temperature * 0.5 * (hessian + hessian.T) + prior_precision
             values, vectors = jnp.linalg.eigh(precision)
-            floor = FISHER_FLOOR * temperature * sigma_f * jnp.sqrt(dim) + 1e-12
+            floor = CURVATURE_FLOOR * temperature * sigma_h * jnp.sqrt(dim) + 1e-12
             values = jnp.maximum(values, floor)
             g = temperature * grad + jax.grad(prior)(theta)
             covariance = (vectors / values) @ vectors.T
