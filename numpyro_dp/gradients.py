@@ -649,16 +649,21 @@ def row_gradient_scales(
     model_args: tuple,
     model_kwargs: dict,
     directions: jax.Array | None = None,
+    whiten: jax.Array | None = None,
 ) -> jax.Array:
     """One scale per row: ``||grad l_i(theta)||``, or ``max_k |grad l_i . u_k|``.
 
-    ``directions`` holds unit vectors ``u_k`` (rows).  Private values, for a
-    DP quantile only (:mod:`numpyro_dp.tuning`).
+    ``directions`` holds unit vectors ``u_k`` (rows); ``whiten`` a matrix
+    ``L``: the norm of ``L^T grad l_i`` (the gradient in the coordinates
+    ``theta = L phi``).  Private values, for a DP quantile only
+    (:mod:`numpyro_dp.tuning`).
     """
     loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
 
     def block_scales(block_rows):
         jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
+        if whiten is not None:
+            jac = jac @ whiten
         if directions is None:
             return jnp.linalg.norm(jac, axis=1)
         return jnp.max(jnp.abs(jac @ directions.T), axis=1)
@@ -678,21 +683,26 @@ def clipped_grad_and_hessian_sums(
     model_args: tuple,
     model_kwargs: dict,
     levels: int = 1,
+    whiten: jax.Array | None = None,
 ):
     """``sum_i clip_C(grad l_i)`` and ``sum_i clip_K(hess l_i)`` (flattened) at ``theta``.
 
     Each row's gradient is clipped to l2 norm ``C`` and its Hessian to
-    Frobenius norm ``K``; both sums are :func:`~numpyro_dp.rounding.exact_sum`
-    pairs of rows bounded by ``vector_clip_bound(C, d)`` and
-    ``vector_clip_bound(K, d^2)``, so one row moves the first by ``C`` and the
-    second by ``K`` (add/remove).  Private values: for the private warm
-    start's releases only.
+    Frobenius norm ``K``; with ``whiten`` a matrix ``L``, the row's gradient
+    and Hessian in the coordinates ``theta = L phi`` (``L^T g``,
+    ``L^T H L``) are clipped and summed instead.  Both sums are
+    :func:`~numpyro_dp.rounding.exact_sum` pairs of rows bounded by
+    ``vector_clip_bound(C, d)`` and ``vector_clip_bound(K, d^2)``, so one row
+    moves the first by ``C`` and the second by ``K`` (add/remove).  With
+    ``hessian_clip=None`` no Hessian is computed and its sum is zeros.
+    Private values: for the private warm start's releases only.
     """
     loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
     rows = [jnp.asarray(x) for x in rows]
     n, d, dtype = rows[0].shape[0], theta.shape[0], theta.dtype
     bound = vector_clip_bound(clip, d, dtype)
-    hess_bound = vector_clip_bound(hessian_clip, d * d, dtype)
+    with_hessian = hessian_clip is not None
+    hess_bound = vector_clip_bound(hessian_clip, d * d, dtype) if with_hessian else None
 
     def clipped(values, limit):
         weights = clip_weights(jnp.linalg.norm(values, axis=1), limit)
@@ -700,10 +710,17 @@ def clipped_grad_and_hessian_sums(
 
     def block_sums(block_rows):
         jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
+        if whiten is not None:
+            jac = jac @ whiten
+        grad_sum = exact_sum(clipped(jac, clip), bound, n, levels)
+        if not with_hessian:
+            zeros = jnp.zeros(d * d, dtype)
+            return grad_sum, (zeros, zeros)
         hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)
+        if whiten is not None:
+            hess = jnp.einsum("ji,njk,kl->nil", whiten, hess, whiten)
         hess = clipped(hess.reshape(hess.shape[0], d * d), hessian_clip)
-        return (exact_sum(clipped(jac, clip), bound, n, levels),
-                exact_sum(hess, hess_bound, n, levels))
+        return grad_sum, exact_sum(hess, hess_bound, n, levels)
 
     full = n - n % HESSIAN_BLOCK
     grads, hessians = [], []
@@ -720,13 +737,17 @@ def clipped_grad_and_hessian_sums(
 
 
 def row_hessian_norms(
-    pm: PrivateModel, theta: jax.Array, model_args: tuple, model_kwargs: dict
+    pm: PrivateModel, theta: jax.Array, model_args: tuple, model_kwargs: dict,
+    whiten: jax.Array | None = None,
 ) -> jax.Array:
-    """``||hess l_i(theta)||_F`` per row (private: for a DP quantile only)."""
+    """``||hess l_i(theta)||_F`` per row, or ``||L^T hess l_i L||_F`` with ``whiten``
+    a matrix ``L`` (private: for a DP quantile only)."""
     loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
 
     def block_norms(block_rows):
         hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)
+        if whiten is not None:
+            hess = jnp.einsum("ji,njk,kl->nil", whiten, hess, whiten)
         return jnp.linalg.norm(hess.reshape(hess.shape[0], -1), axis=1)
 
     return _row_blocks(block_norms, [jnp.asarray(x) for x in rows], HESSIAN_BLOCK)

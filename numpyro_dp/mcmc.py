@@ -27,11 +27,10 @@ from numpyro_dp.kernels.base import DPKernel, RunInputs
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
 from numpyro_dp.model import tabular_to_numpy
-from numpyro_dp.planner import MARGINAL_TRAVEL, travel_sds
+from numpyro_dp.planner import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
 from numpyro_dp.secret import run_secret
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
-    WARM_START_SHARE,
     WARM_START_STAGES,
     WARM_START_STEPS,
     TuningPlan,
@@ -53,7 +52,7 @@ TUNING_KEY_TAG = 0x74756E65
 #: Chains start at the warm start plus this many times its dispersion (per
 #: coordinate, :class:`~numpyro_dp.TuningResult`) times a standard normal:
 #: overdispersed, so that R-hat can tell chains that stayed apart.
-CHAIN_DISPERSION = 2.0
+CHAIN_DISPERSION = 1.0
 
 
 class PrivateDataError(RuntimeError):
@@ -199,16 +198,20 @@ class PrivateMCMC(MCMC):
         A calibrated run whose budget left could pay for it only with a larger
         per-iteration noise multiplier is refused (its draws would be noise),
         with what is left and what the run would need.
-    warm_start : float, optional
+    warm_start : float or "auto", optional
         Share of ``epsilon`` spent on a private warm start before the first
         call (:mod:`numpyro_dp.tuning`): noisy Newton steps from a prior
-        draw, after which the chains start around the point it reaches instead
-        of at the prior, where at an ordinary budget they would stay, and the
+        draw, after which the chains start around the point it reaches
+        (dispersed by its noise-aware Laplace approximation) instead of at
+        the prior, where at an ordinary budget they would stay, and the
         kernel's mass matrix (proposal covariance) starts at its Laplace
-        covariance.  Default 0.3 when the noise is calibrated to ``epsilon``,
-        0 for a kernel with a stated noise multiplier; ``0`` turns it off
-        (prior initialisation, as NumPyro).  Skipped when ``init_params`` is
-        given or a run continues from ``post_warmup_state``; needs ``epsilon``.
+        covariance.  Default ``"auto"`` when the noise is calibrated to
+        ``epsilon``: 0.3, or 0.8 when the sampler could not travel far at 0.3
+        (:func:`~numpyro_dp.planner.auto_warm_start_share`: its draws then
+        come from where the chains start); 0 for a kernel with a stated noise
+        multiplier.  ``0`` turns it off (prior initialisation, as NumPyro).
+        Skipped when ``init_params`` is given or a run continues from
+        ``post_warmup_state``; needs ``epsilon``.
     clip_selection : float
         Share of ``epsilon`` spent choosing the clips the kernel was built
         without (a DP quantile of the rows' gradient scales; also the warm
@@ -328,13 +331,17 @@ class PrivateMCMC(MCMC):
             raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
         calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
         if warm_start is None:  # a kernel with stated noise is in manual mode
-            warm_start = WARM_START_SHARE if calibrate else 0.0
-        for name, share in (("warm_start", warm_start), ("clip_selection", clip_selection)):
+            warm_start = "auto" if calibrate else 0.0
+        shares = [("clip_selection", clip_selection)]
+        if warm_start != "auto":
+            shares.append(("warm_start", warm_start))
+        for name, share in shares:
             if not (isinstance(share, (int, float)) and 0 <= share < 1):
                 raise ValueError(
-                    f"{name}={share!r} must be a share of epsilon in [0, 1) (0 turns it off)."
+                    f"{name}={share!r} must be a share of epsilon in [0, 1) (0 turns it off"
+                    + (', "auto" chooses it' if name == "warm_start" else "") + ")."
                 )
-        if warm_start + clip_selection >= 1:
+        if warm_start != "auto" and warm_start + clip_selection >= 1:
             raise ValueError(
                 f"warm_start + clip_selection = {warm_start + clip_selection} leaves "
                 "nothing of epsilon for sampling; keep their sum well below 1."
@@ -363,7 +370,7 @@ class PrivateMCMC(MCMC):
         self.max_noise_multiplier = float(max_noise_multiplier)
         self.check_mixing = bool(check_mixing)
         self.mixing: MixingReport | None = None
-        self.warm_start = float(warm_start)
+        self.warm_start = warm_start if warm_start == "auto" else float(warm_start)
         self.clip_selection = float(clip_selection)
         self.warm_start_steps = warm_start_steps
         self.tuning: TuningResult | None = None
@@ -499,19 +506,25 @@ class PrivateMCMC(MCMC):
             reproducible_noise=self.reproducible_noise,
         )
 
-    def _warn_if_noise_caps_the_steps(self, z: float) -> None:
+    def _warn_if_noise_caps_the_steps(self, z: float, warm_start: bool) -> None:
         """Before anything is charged: warn when the planner would call the run infeasible."""
         pm = self.sampler._private_model
         _, travel = travel_sds(pm.num_rows, pm.num_params, z, self._planned_iterations(),
                                self.sampler.sensitivity_factor)
         if travel < MARGINAL_TRAVEL:
+            start = (
+                f"the private warm start ({self._warm_start_share():.0%} of epsilon): "
+                "the draws will be close to its noise-aware Laplace approximation, not "
+                "MCMC draws" if warm_start else "the prior: their draws will not be "
+                "posterior draws"
+            )
             warnings.warn(
                 f"At noise multiplier {z:.3g} one chain can travel only about {travel:.2g} "
                 "posterior standard deviations (ndp.plan's unit-information figure; "
                 f"{MARGINAL_TRAVEL:g} is marginal): the chains will stay near where they "
-                "start, and their draws will not be posterior draws. The run is charged "
-                "and goes ahead; ndp.plan(model, *data, epsilon=, delta=) checks a plan "
-                "before anything is spent and says what would make it feasible.",
+                f"start, {start}. The run is charged and goes ahead; "
+                "ndp.plan(model, *data, epsilon=, delta=) checks a plan before anything is "
+                "spent and says what would make it feasible.",
                 MixingWarning, stacklevel=4,
             )
 
@@ -529,8 +542,8 @@ class PrivateMCMC(MCMC):
         if self._warmup_state is not None:
             return None
         requests = kernel.clip_requests()
-        warm = (self.warm_start > 0 and init_params is None and self.tuning is None
-                and kernel.tunable)
+        share = self._warm_start_share()
+        warm = share > 0 and init_params is None and self.tuning is None and kernel.tunable
         if not requests and not warm:
             return None
         if self.epsilon is None:
@@ -542,10 +555,23 @@ class PrivateMCMC(MCMC):
                 )
             return None
         return plan_tuning(
-            self.epsilon, self.delta, warm_start=self.warm_start if warm else 0.0,
+            self.epsilon, self.delta, warm_start=share if warm else 0.0,
             clip_selection=self.clip_selection, requests=requests,
             warm_start_clip=kernel.warm_start_clip, warm_start_steps=self.warm_start_steps,
             num_rows=kernel._private_model.num_rows, neighbourhood=kernel.neighbourhood,
+        )
+
+    def _warm_start_share(self) -> float:
+        """The warm start's share of epsilon; ``"auto"`` resolved from public facts."""
+        if self.warm_start != "auto":
+            return self.warm_start
+        if self.epsilon is None:
+            return 0.0
+        pm = self.sampler._private_model
+        return auto_warm_start_share(
+            self.epsilon, self.delta, pm.num_rows, pm.num_params, self._planned_iterations(),
+            self.num_chains, clip_selection=self.clip_selection,
+            warm_start_steps=self.warm_start_steps, neighbourhood=self.sampler.neighbourhood,
         )
 
     def _charge(self, iterations: int, phase: str, tuning: TuningPlan | None = None) -> None:
@@ -560,7 +586,8 @@ class PrivateMCMC(MCMC):
         z = kernel.noise_multiplier if calibrated is None else calibrated
         entry = self._entry(iterations, phase, start, z)
         if self.check_mixing and kernel.calibrated_noise:
-            self._warn_if_noise_caps_the_steps(z)
+            self._warn_if_noise_caps_the_steps(
+                z, tuning is not None and tuning.warm_start_steps > 0)
         if self.epsilon is not None:
             fits, after = self._fits([*pending, entry])
             if not fits:
@@ -741,6 +768,7 @@ class PrivateMCMC(MCMC):
         result = run_tuning(
             plan, pm, rng_key=key_tune, rows=inputs.rows, secret=inputs.secret, theta0=theta0,
             neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,
+            sampler_noise_multiplier=kernel.noise_multiplier,
         )
         kernel.set_clips(result.clips)
         if result.start is None and self.tuning is not None:  # keep an earlier warm start
@@ -763,9 +791,14 @@ class PrivateMCMC(MCMC):
         key = jax.random.fold_in(key, TUNING_KEY_TAG + 1)
         lead = (self.num_chains,) if self.num_chains > 1 else ()
         starts = {}
+        pairs = (self.num_chains + 1) // 2
         for name, value in self.tuning.start.items():
             key, sub = jax.random.split(key)
-            noise = jax.random.normal(sub, lead + jnp.shape(value), jnp.result_type(value))
+            noise = jax.random.normal(sub, (pairs,) + jnp.shape(value), jnp.result_type(value))
+            # Antithetic pairs: where the chains cannot move, their pooled mean
+            # is the warm start's, not that plus the chains' random offsets.
+            noise = jnp.stack([noise, -noise], axis=1).reshape((2 * pairs,) + jnp.shape(value))
+            noise = noise[: self.num_chains]
             jitter = 0.0 if not lead else CHAIN_DISPERSION * self.tuning.dispersion[name] * noise
             starts[name] = value + jitter
         return starts

@@ -12,15 +12,17 @@ stated share of the budget, before the sampler, on
   l2-sensitivity is 1 or sqrt(2); every quantile is post-processing of one
   release.  A clip the user states is public and costs nothing;
 * **a warm start** -- noisy Newton steps on the log posterior from a prior
-  draw: each step releases the clipped per-row gradient sum (exactly the
-  release of a DP-HMC gradient) and the sum of the rows' Hessians, each
-  clipped to Frobenius norm ``C^2``, both with Gaussian noise, and takes a
-  Newton step on them plus the public prior's terms.  The average of the
-  second half of the iterates is the start; the chains start around it,
-  dispersed by the iterates' spread (post-processing).  (SPEC s11 describes
-  noisy gradient descent: on real, ill-conditioned data it needs hundreds of
-  paid steps to get near the mode, measured in ``benchmarks/``; scoring needs
-  a few.)
+  draw, in two stages: each step releases the clipped per-row gradient sum
+  (exactly the release of a DP-HMC gradient) and the sum of the rows'
+  Hessians, each clipped to a Frobenius norm, both with Gaussian noise, and
+  takes a Newton step on them plus the public prior's terms.  The second
+  stage works in the coordinates where the first stage's Laplace
+  approximation is white, clips so that (almost) no row is cut, and releases
+  its Hessian once.  The average of its last iterates is the start; the
+  chains start around it, dispersed by its Laplace covariance and its
+  standard error (post-processing).  (SPEC s11 describes noisy gradient
+  descent: on real, ill-conditioned data it needs hundreds of paid steps to
+  get near the mode, measured in ``benchmarks/``; Newton steps need a few.)
 
 Every release is declared here as a :class:`dp_accounting.DpEvent` and
 charged to the runner's ledger under its own phase before it is computed.
@@ -63,17 +65,54 @@ SCALE_GRID = 2.0 ** (np.arange(-32, 49) / 2)
 #: Default shares of the runner's epsilon (``PrivateMCMC(warm_start=, clip_selection=)``).
 WARM_START_SHARE = 0.3
 CLIP_SELECTION_SHARE = 0.05
-#: Noisy Newton steps of the warm start (two releases each).
+#: Noisy Newton steps of the warm start (two releases each), split evenly
+#: over its stages.
 WARM_START_STEPS = 10
-#: The warm start's stages: its clips are chosen afresh at the start of each
-#: (a clip chosen at a prior draw far from the mode is far too loose there).
-WARM_START_STAGES = 2
-#: Quantile of the per-row gradient norms at the prior draw that clips the
-#: warm start's gradients.  Not the median of DP-SGD (Andrew et al. 2021): the
-#: warm start must reach the mode, and a clip that cuts many rows moves the
-#: point where the clipped gradients balance (on statsmodels' ``fair``, 9
-#: posterior sds at the 30% quantile of the mode's norms, none at the 99%).
+#: The warm start's stages and their shares of its budget (of ``mu^2``, which
+#: Gaussian releases add).  Each stage chooses its clips afresh (a clip chosen
+#: at a prior draw far from the mode is far too loose there).  The first walks
+#: from the prior draw to near the mode; the second, whose averaged iterates
+#: are the start, gets the larger share and works in the coordinates where the
+#: first stage's Laplace approximation is white: every direction is then
+#: resolved to the same fraction of its posterior sd, instead of the noise
+#: swamping the long, correlated directions.
+WARM_START_STAGE_SHARES = (0.3, 0.7)
+WARM_START_STAGES = len(WARM_START_STAGE_SHARES)
+#: Share of each stage's ``mu^2`` spent on its Hessian releases: the curvature
+#: shapes a step, but where the steps stop is set by the gradient alone.  The
+#: final stage releases its Hessian once, at its first step, and keeps it:
+#: near the mode the curvature hardly changes, and one release carries the
+#: stage's whole share (the Laplace covariance is made of it).
+HESSIAN_SHARE = 0.2
+#: Quantile of the per-row gradient norms (and Hessian norms) that clips the
+#: first stage.  Not the median of DP-SGD (Andrew et al. 2021): a clip that
+#: cuts many rows moves the point where the clipped gradients balance (on
+#: statsmodels' ``fair``, 9 posterior sds at the 30% quantile of the mode's
+#: norms, 2.3 at the 90%).
 WARM_START_QUANTILE = 0.9
+
+
+def clip_rows_above(noise_multiplier: float, neighbourhood: str) -> float:
+    """How many rows a clip may cut when its release has this noise multiplier.
+
+    A clip ``C`` on a sum of rows adds noise ``z Delta_factor C`` and moves the
+    sum by ``sum_i (|g_i| - C)_+`` (the clipped rows' excess); the first grows
+    by ``z Delta_factor`` per unit of ``C``, the second shrinks by the number
+    of rows above ``C``, so their sum is least where about ``z Delta_factor``
+    rows lie above the clip.  Little noise: no row is cut, and the target is
+    exact (on statsmodels' ``randhie`` counts, a 95% quantile biased even a
+    noiseless run by 40-90 posterior sds); much noise: at most the quantile's
+    share.
+    """
+    return noise_multiplier * sensitivity_factor(neighbourhood)
+
+
+#: A histogram bin counts as populated when its noisy count is this many noise
+#: sds above zero (a bin of pure noise does so with probability 3e-5).
+DETECTION_SDS = 4.0
+#: Noise sds by which a quantile's count of rows above the clip is read
+#: upwards (:func:`histogram_quantile`).
+QUANTILE_MARGIN_SDS = 2.0
 #: Random public directions over which a row's LLR scale per unit step is
 #: taken (its largest directional derivative): what a random-walk step sees.
 NUM_DIRECTIONS = 8
@@ -114,15 +153,17 @@ class TuningPlan:
         Hessian clip is always chosen so, at the start of each stage).
     requests : tuple of ClipRequest
         Clips the kernel needs chosen (one histogram per scale kind).
-    noise_multiplier_grad, noise_multiplier_histogram : float
-        ``z`` of each warm-start release and of each histogram.
+    warm_start_noise : tuple of (float, float)
+        ``z`` of each warm-start stage's gradient and Hessian releases.
+    noise_multiplier_histogram : float
+        ``z`` of each histogram.
     """
 
     warm_start_steps: int
     warm_start_clip: float | None
     select_start_clip: bool
     requests: tuple[ClipRequest, ...]
-    noise_multiplier_grad: float | None
+    warm_start_noise: tuple[tuple[float, float], ...]
     noise_multiplier_histogram: float | None
 
     @property
@@ -138,10 +179,22 @@ class TuningPlan:
         if self.num_histograms:
             out.append(("clip selection", dpa.GaussianDpEvent(self.noise_multiplier_histogram),
                         self.num_histograms))
-        if self.warm_start_steps:  # a gradient and a Hessian release per step
-            out.append(("warm start", dpa.GaussianDpEvent(self.noise_multiplier_grad),
-                        2 * self.warm_start_steps))
+        if self.warm_start_noise:  # one ledger entry: each stage's gradient and Hessian releases
+            out.append(("warm start", dpa.ComposedDpEvent([
+                dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), k)
+                for stage, (z_grad, z_hess) in enumerate(self.warm_start_noise)
+                for z, k in ((z_grad, self.stage_steps), (z_hess, self.hessian_releases(stage)))
+            ]), 1))
         return out
+
+    @property
+    def stage_steps(self) -> int:
+        """Newton steps (gradient releases) of each warm-start stage."""
+        return self.warm_start_steps // WARM_START_STAGES
+
+    def hessian_releases(self, stage: int) -> int:
+        """Hessian releases of a warm-start stage: one a step, one in the final stage."""
+        return 1 if stage == WARM_START_STAGES - 1 else self.stage_steps
 
     def event(self) -> dpa.DpEvent:
         return dpa.ComposedDpEvent(
@@ -168,8 +221,9 @@ def plan_tuning(
     """
     plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
                         warm_start_clip, warm_start_steps)
+    # The first stage, which must find its way from the prior, is the noisiest.
     if (plan is not None and plan.warm_start_steps and num_rows is not None
-            and num_rows / (sensitivity_factor(neighbourhood) * plan.noise_multiplier_grad)
+            and num_rows / (sensitivity_factor(neighbourhood) * plan.warm_start_noise[0][0])
             < WARM_START_MIN_SNR):
         plan = _plan_tuning(epsilon, delta, 0.0, clip_selection, requests, warm_start_clip,
                             warm_start_steps)
@@ -180,7 +234,7 @@ def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_star
                  warm_start_steps):
     steps = warm_start_steps if warm_start > 0 else 0
     select_start = bool(steps) and warm_start_clip is None
-    plan = TuningPlan(steps, warm_start_clip, select_start, tuple(requests), None, None)
+    plan = TuningPlan(steps, warm_start_clip, select_start, tuple(requests), (), None)
     if not plan.entries():
         return None
     if plan.num_histograms and clip_selection <= 0:
@@ -195,17 +249,23 @@ def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_star
     # One Gaussian mechanism spending the tuning's share: mu^2 is additive.
     z_all = calibrate_noise_multiplier(dpa.GaussianDpEvent, shares * epsilon, delta)
     mu2 = 1.0 / z_all**2
-    z_hist = z_grad = None
+    # Round up (1 + 1e-9): the parts may not exceed the whole.
+    z_hist = None
     if plan.num_histograms:
-        z_hist = math.sqrt(plan.num_histograms / (mu2 * clip_selection / shares))
+        z_hist = math.sqrt(plan.num_histograms / (mu2 * clip_selection / shares)) * (1 + 1e-9)
+    noise = ()
     if steps:
-        z_grad = math.sqrt(2 * steps / (mu2 * warm_start / shares))
-    # Round up: the parts may not exceed the whole.
-    z_hist = None if z_hist is None else z_hist * (1 + 1e-9)
-    z_grad = None if z_grad is None else z_grad * (1 + 1e-9)
-    return dataclasses.replace(
-        plan, noise_multiplier_grad=z_grad, noise_multiplier_histogram=z_hist
-    )
+        mu2_warm = mu2 * warm_start / shares
+
+        def z(releases, share):
+            return math.sqrt(releases / (mu2_warm * share)) * (1 + 1e-9)
+
+        noise = tuple(
+            (z(plan.stage_steps, stage_share * (1.0 - HESSIAN_SHARE)),
+             z(plan.hessian_releases(stage), stage_share * HESSIAN_SHARE))
+            for stage, stage_share in enumerate(WARM_START_STAGE_SHARES)
+        )
+    return dataclasses.replace(plan, warm_start_noise=noise, noise_multiplier_histogram=z_hist)
 
 
 # ----------------------------------------------------------------- releases
@@ -231,18 +291,44 @@ def release_histogram(
                         quantum)
 
 
-def histogram_quantile(counts: np.ndarray, num_rows: int, quantile: float) -> float:
-    """Smallest grid edge that the noisy counts put at least ``quantile`` of the rows under.
+def histogram_quantile(
+    counts: np.ndarray,
+    num_rows: int,
+    quantile: float,
+    noise_sd: float = 0.0,
+    max_rows_above: float | None = None,
+) -> float:
+    """Smallest grid edge below which the noisy counts put, confidently, ``quantile`` of the rows.
 
-    Post-processing of a released histogram: the noisy counts of the bins above
-    each edge are summed from the top and made monotone.
+    With ``max_rows_above``, at most that many rows (if fewer than
+    ``(1 - quantile) n``) may lie above the edge: :func:`clip_rows_above`.
+
+    Post-processing of a released histogram whose counts carry noise of
+    standard deviation ``noise_sd``.  Bins above the highest one whose count
+    stands :data:`DETECTION_SDS` noise sds out are taken as empty: summed,
+    their pure noise would make the count above every edge a random walk over
+    the grid's empty top (at n in the thousands it pushed a 95% quantile to
+    2^20).  An edge qualifies when the noisy count of the rows above it, plus
+    :data:`QUANTILE_MARGIN_SDS` standard deviations of that sum's noise, is at
+    most ``(1 - quantile) n``: where the counts cannot tell, the clip errs
+    upwards (more noise) rather than downwards (clipped rows bias the
+    target); the edge above the highest populated bin always qualifies.  No
+    bin out of the noise: the grid's top edge.
     """
     counts = np.asarray(counts, float)
-    # above[k]: noisy number of rows above edge k, made non-increasing in k
-    # (upwards, so that noise can only raise the clip).
+    detected = np.nonzero(counts >= DETECTION_SDS * noise_sd)[0]
+    if not detected.size:
+        return float(SCALE_GRID[-1])
+    top = min(detected[-1], SCALE_GRID.size)  # the last bin holds the rows above the grid
+    counts = np.where(np.arange(counts.size) <= top, counts, 0.0)
+    # above[k]: noisy number of rows above edge k, summed over bins k+1..top.
     above = np.cumsum(counts[::-1])[: SCALE_GRID.size][::-1]
-    above = np.maximum.accumulate(above[::-1])[::-1]
-    ok = np.nonzero(above <= (1.0 - quantile) * num_rows)[0]
+    summed = np.clip(top - np.arange(SCALE_GRID.size), 0, None)
+    upper = above + QUANTILE_MARGIN_SDS * noise_sd * np.sqrt(summed)
+    allowed = (1.0 - quantile) * num_rows
+    if max_rows_above is not None:
+        allowed = min(allowed, max_rows_above)
+    ok = np.nonzero((upper <= allowed) | (summed == 0))[0]
     return float(SCALE_GRID[ok[0]] if ok.size else SCALE_GRID[-1])
 
 
@@ -250,89 +336,117 @@ def warm_start_fn(
     pm: PrivateModel,
     *,
     steps: int,
-    noise_multiplier: float,
+    min_noise_multiplier: float,
     neighbourhood: str,
     temperature: float,
 ) -> Callable:
-    """``run(theta0, C, K, key, model_args, model_kwargs, secret) -> (start, spread, cov)``.
+    """``run(theta0, C, K, L, z_g, z_h, key, model_args, model_kwargs, secret)``
+    ``-> (start, error, cov)``: one stage of the warm start.
 
-    Noisy Newton steps: each step releases the clipped gradient sum
-    ``sum_i clip_C(grad l_i)`` and the clipped Hessian sum
-    ``sum_i clip_K(hess l_i)`` (Frobenius norm; sensitivities ``C`` and
-    ``K`` times the neighbourhood's factor, noise multiplier ``z`` each) and
-    moves by ``(-T H + P)^-1 (T g + grad log p)``, with ``H`` the released
-    Hessian sum (symmetrised, the eigenvalues of ``-T H + P`` raised to
-    :data:`CURVATURE_FLOOR` times the noise's scale), ``P`` the public prior's
-    negative Hessian, each step at most :data:`MAX_WARM_START_STEP` prior sds
-    long.  Gradient descent alone needs hundreds of steps on a real,
-    ill-conditioned problem, each paid for, and the empirical Fisher
-    information (outer products of gradients) is hundreds of times the
-    curvature where a scale parameter starts too small; Newton steps reach
-    the mode in a few.  ``start`` is the mean of the second half of the
-    iterates (their noise averages out), ``spread`` their standard deviation
-    per coordinate, ``cov`` the mean of their ``(-T H + P)^-1``: a Laplace
-    approximation of the posterior covariance, which the kernels take as their
-    initial mass matrix or proposal covariance.
+    Noisy Newton steps in the coordinates ``theta = L phi`` (``L`` public:
+    the identity, or a factor of an earlier stage's released covariance).
+    Each step releases the clipped gradient sum ``sum_i clip_C(L^T grad l_i)``
+    (noise multiplier ``z_g``) and the clipped Hessian sum
+    ``sum_i clip_K(L^T hess l_i L)`` (Frobenius norm, ``z_h``; sensitivities
+    ``C`` and ``K`` times the neighbourhood's factor) and moves by
+    ``L (-T H + P)^-1 (T g + grad log p)`` with ``g``, ``H`` the released
+    sums and ``P`` the public prior's negative Hessian in those coordinates;
+    the eigenvalues of ``-T H + P`` are raised to :data:`CURVATURE_FLOOR`
+    times the noise's scale, and each step is at most
+    :data:`MAX_WARM_START_STEP` prior sds long.  Gradient descent alone needs
+    hundreds of steps on a real, ill-conditioned problem, each paid for, and
+    the empirical Fisher information (outer products of gradients) is hundreds
+    of times the curvature where a scale parameter starts too small; Newton
+    steps reach the mode in a few.  ``start`` is the mean of the second half
+    of the iterates (their noise averages out), ``error`` its standard error
+    per coordinate (the iterates' spread over the square root of their
+    number: what the noise leaves of where the start is), ``cov`` the mean of their
+    ``L (-T H + P)^-1 L^T``: a Laplace approximation of the posterior
+    covariance.  ``min_noise_multiplier`` (static) sets the exact sums' levels.
     """
     factor = sensitivity_factor(neighbourhood)
 
-    def run(theta0, clip, hessian_clip, key, model_args, model_kwargs, secret):
+    def run(theta0, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, model_args,
+            model_kwargs, secret):
         dim = theta0.shape[0]
         dtype = theta0.dtype
-        levels = sum_levels(noise_multiplier * factor, dtype)
-        bound = vector_clip_bound(clip, dim, dtype)
+        levels = sum_levels(min_noise_multiplier * factor, dtype)
 
         def prior(theta):
             return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
 
-        def step(theta, k):
+        def release(total, clip, dim_out, z, key_k):
+            return release_clipped_sum(
+                noise_key(secret, key_k), total, pm.num_rows,
+                vector_clip_bound(clip, dim_out, dtype), noise_multiplier=z,
+                sensitivity_factor=factor,
+            )
+
+        def step(carry, k):
+            theta, kept_hessian, kept_sigma_h = carry
             key_g, key_h = random.split(random.fold_in(key, k))
-            total_g, total_h = clipped_grad_and_hessian_sums(
-                pm, theta, clip, hessian_clip, model_args, model_kwargs, levels)
-            grad, _ = release_clipped_sum(
-                noise_key(secret, key_g), total_g, pm.num_rows, bound,
-                noise_multiplier=noise_multiplier, sensitivity_factor=factor,
+            # The Hessian is released at every step, or at the first only
+            # (``refresh`` false); the plan charges exactly those releases.
+            fresh = refresh | (k == 0)
+            total_g, total_h = lax.cond(
+                fresh,
+                lambda: clipped_grad_and_hessian_sums(
+                    pm, theta, clip, hessian_clip, model_args, model_kwargs, levels, whiten),
+                lambda: clipped_grad_and_hessian_sums(
+                    pm, theta, clip, None, model_args, model_kwargs, levels, whiten),
             )
-            hessian, sigma_h = release_clipped_sum(
-                noise_key(secret, key_h), total_h, pm.num_rows,
-                vector_clip_bound(hessian_clip, dim * dim, dtype),
-                noise_multiplier=noise_multiplier, sensitivity_factor=factor,
+            grad, _ = release(total_g, clip, dim, z_grad, key_g)
+            hessian, sigma_h = lax.cond(
+                fresh,
+                lambda: release(total_h, hessian_clip, dim * dim, z_hess, key_h),
+                lambda: (kept_hessian, kept_sigma_h),
             )
+            kept = (hessian, sigma_h)
             hessian = hessian.reshape(dim, dim)
             hessian = jnp.where(jnp.isfinite(hessian), hessian, 0.0)
-            prior_precision = -jax.hessian(prior)(theta)
-            precision = -temperature * 0.5 * (hessian + hessian.T) + prior_precision
+            prior_hessian = -jax.hessian(prior)(theta)
+            precision = (-temperature * 0.5 * (hessian + hessian.T)
+                         + whiten.T @ prior_hessian @ whiten)
             values, vectors = jnp.linalg.eigh(precision)
             floor = CURVATURE_FLOOR * temperature * sigma_h * jnp.sqrt(dim) + 1e-12
             values = jnp.maximum(values, floor)
-            g = temperature * grad + jax.grad(prior)(theta)
-            covariance = (vectors / values) @ vectors.T
-            move = covariance @ g
+            g = temperature * grad + whiten.T @ jax.grad(prior)(theta)
+            covariance = whiten @ ((vectors / values) @ vectors.T) @ whiten.T
+            move = whiten @ ((vectors / values) @ (vectors.T @ g))
             move = jnp.where(jnp.isfinite(move), move, 0.0)
             # Step length in prior standard deviations, and in unconstrained
             # units along flat priors.
-            prior_sd2 = 1.0 / jnp.maximum(jnp.diag(prior_precision), 0.0)
+            prior_sd2 = 1.0 / jnp.maximum(jnp.diag(prior_hessian), 0.0)
             length = jnp.sqrt(jnp.sum(move**2 / prior_sd2))
             flat = jnp.sqrt(jnp.sum(jnp.where(jnp.isinf(prior_sd2), move**2, 0.0)))
             shrink = jnp.minimum(MAX_WARM_START_STEP / jnp.maximum(length, 1e-30),
                                  MAX_FLAT_STEP / jnp.maximum(flat, 1e-30))
             move = move * jnp.minimum(1.0, shrink)
             theta = theta + move.astype(dtype)
-            return theta, (theta, covariance.astype(dtype))
+            return (theta, *kept), (theta, covariance.astype(dtype))
 
-        _, (path, covariances) = lax.scan(step, theta0, jnp.arange(steps))
+        zeros = jnp.zeros(dim * dim, dtype)
+        _, (path, covariances) = lax.scan(step, (theta0, zeros, jnp.zeros((), dtype)),
+                                          jnp.arange(steps))
         tail = path[steps // 2:]
-        return tail.mean(0), tail.std(0), covariances[steps // 2:].mean(0)
+        m = tail.shape[0]
+        error = tail.std(0, ddof=min(1, m - 1)) / math.sqrt(m)
+        return tail.mean(0), error, covariances[steps // 2:].mean(0)
 
     return run
 
 
-def gradient_scales(pm: PrivateModel, scale: str, theta, key, model_args, model_kwargs):
+def gradient_scales(pm: PrivateModel, scale: str, theta, key, model_args, model_kwargs,
+                    whiten=None):
     """One private value per row: the ``scale`` of :class:`ClipRequest` (or
-    ``"hessian"``: the Frobenius norm of the row's Hessian) at ``theta``."""
+    ``"hessian"``: the Frobenius norm of the row's Hessian) at ``theta``; the
+    ``"norm"`` and ``"hessian"`` in the coordinates ``theta = L phi`` with
+    ``whiten`` a matrix ``L``."""
     dim = theta.shape[0]
     if scale == "hessian":
-        return row_hessian_norms(pm, theta, model_args, model_kwargs)
+        return row_hessian_norms(pm, theta, model_args, model_kwargs, whiten)
+    if scale == "norm":
+        return row_gradient_scales(pm, theta, model_args, model_kwargs, whiten=whiten)
     directions = None
     if scale == "coordinate":
         directions = jnp.eye(dim, dtype=theta.dtype)
@@ -351,13 +465,16 @@ class TuningResult:
     clips : dict
         The privately chosen clips, by the kernel's attribute name.
     warm_start_clip : float or None
-        The per-row gradient clip of the warm start.
+        The per-row gradient clip of the warm start's final stage (in the
+        coordinates whitened by the first stage's Laplace covariance when
+        chosen privately; a stated clip is used as it is, in the model's).
     start : dict or None
         The warm start (unconstrained values by site), or None without one.
     dispersion : dict or None
         The chains start at ``start`` plus this (by site) times a standard
-        normal: the spread of the warm start's second-half iterates and the
-        posterior sd of its Laplace approximation, added in quadrature.
+        normal: the standard error of the warm start (what the noise leaves
+        of it) and the posterior sd of its Laplace approximation, added in
+        quadrature: a noise-aware approximation of the posterior.
     covariance : array or None
         The Laplace approximation's covariance over the flattened
         unconstrained parameters (``(d, d)``).
@@ -380,8 +497,12 @@ def run_tuning(
     theta0: jax.Array,
     neighbourhood: str,
     temperature: float,
+    sampler_noise_multiplier: float | None = None,
 ) -> TuningResult:
     """Run the releases of ``plan`` (already charged) from the prior draw ``theta0``.
+
+    ``sampler_noise_multiplier``, the kernel's calibrated ``z``, caps how
+    many rows its privately chosen clips may cut (:func:`clip_rows_above`).
 
     ``rows`` are the private row arrays (:meth:`PrivateModel.private_inputs`),
     arguments of every compiled function here, never constants of one;
@@ -392,17 +513,24 @@ def run_tuning(
 
     # Compiled once per call (the scale kind is static); rows and secret are arguments.
     @functools.partial(jax.jit, static_argnames="scale")
-    def release(theta, key, rows, secret, scale):
+    def release(theta, whiten, key, rows, secret, scale):
         args, kwargs = pm.rebuild(rows)
-        values = gradient_scales(pm, scale, theta, key, args, kwargs)
+        values = gradient_scales(pm, scale, theta, key, args, kwargs, whiten)
         return release_histogram(noise_key(secret, key), values,
                                  plan.noise_multiplier_histogram, neighbourhood)
 
-    def histogram(theta, scale):
-        return np.asarray(release(theta, next(keys), rows, secret, scale=scale))
+    dtype = theta0.dtype
 
-    def quantile(theta, scale):
-        return histogram_quantile(histogram(theta, scale), pm.num_rows, WARM_START_QUANTILE)
+    def histogram(theta, scale, whiten=None):
+        whiten = jnp.eye(theta0.shape[0], dtype=dtype) if whiten is None else whiten
+        return np.asarray(release(theta, whiten, next(keys), rows, secret, scale=scale))
+
+    def quantile(counts, q, noise_multiplier=None):
+        """The ``q`` quantile, cutting no more rows than the release's noise warrants."""
+        noise_sd = plan.noise_multiplier_histogram * histogram_sensitivity(neighbourhood)
+        cut = None if noise_multiplier is None else clip_rows_above(noise_multiplier,
+                                                                    neighbourhood)
+        return histogram_quantile(counts, pm.num_rows, q, noise_sd, cut)
 
     start = dispersion = covariance = None
     clip = plan.warm_start_clip
@@ -410,35 +538,43 @@ def run_tuning(
     if plan.warm_start_steps:
         run = warm_start_fn(
             pm, steps=plan.warm_start_steps // WARM_START_STAGES,  # a multiple (PrivateMCMC)
-            noise_multiplier=plan.noise_multiplier_grad, neighbourhood=neighbourhood,
-            temperature=temperature,
+            min_noise_multiplier=min(min(z) for z in plan.warm_start_noise),
+            neighbourhood=neighbourhood, temperature=temperature,
         )
 
         @jax.jit
-        def warm(theta, clip, hessian_clip, key, rows, secret):
+        def warm(theta, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, rows, secret):
             args, kwargs = pm.rebuild(rows)
-            return run(theta, clip, hessian_clip, key, args, kwargs, secret)
+            return run(theta, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, args,
+                       kwargs, secret)
 
-        dtype = theta0.dtype
-        for _ in range(WARM_START_STAGES):
-            if plan.select_start_clip:
-                clip = quantile(theta, "norm")
-            hessian_clip = quantile(theta, "hessian")
-            theta, spread, covariance = warm(
-                theta, jnp.asarray(clip, dtype), jnp.asarray(hessian_clip, dtype), next(keys),
-                rows, secret)
+        whiten = jnp.eye(theta0.shape[0], dtype=dtype)
+        for stage, (z_grad, z_hess) in enumerate(plan.warm_start_noise):
+            final = stage == WARM_START_STAGES - 1
+            if plan.select_start_clip:  # a stated clip is in the model's own coordinates
+                if stage:
+                    whiten = jnp.linalg.cholesky(jnp.asarray(covariance, dtype))
+                # The final stage's fixed point is the start: its clip cuts no
+                # more rows than its noise warrants.
+                clip = quantile(histogram(theta, "norm", whiten), WARM_START_QUANTILE,
+                                z_grad if final else None)
+            hessian_clip = quantile(histogram(theta, "hessian", whiten), WARM_START_QUANTILE)
+            theta, error, covariance = warm(
+                theta, jnp.asarray(clip, dtype), jnp.asarray(hessian_clip, dtype), whiten,
+                jnp.asarray(z_grad, dtype), jnp.asarray(z_hess, dtype),
+                jnp.asarray(plan.hessian_releases(stage) > 1), next(keys), rows, secret)
             if not bool(jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(covariance))):
                 raise FloatingPointError(
                     "The private warm start diverged (a non-finite point). Run without it "
                     "(PrivateMCMC(warm_start=0)) or give the model tighter priors."
                 )
         start = pm.unravel(theta)
-        dispersion = pm.unravel(jnp.sqrt(spread**2 + jnp.diag(covariance)))
+        dispersion = pm.unravel(jnp.sqrt(error**2 + jnp.diag(covariance)))
         covariance = np.asarray(covariance)
     clips = {}
     for scale in dict.fromkeys(r.scale for r in plan.requests):
         counts = histogram(theta, scale)
         for r in plan.requests:
             if r.scale == scale:
-                clips[r.name] = histogram_quantile(counts, pm.num_rows, r.quantile)
+                clips[r.name] = quantile(counts, r.quantile, sampler_noise_multiplier)
     return TuningResult(clips, clip, start, dispersion, covariance)

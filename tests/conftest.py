@@ -33,7 +33,7 @@ def no_default_warm_start(request, monkeypatch):
     if request.node.get_closest_marker("warm_start") is None:
         import numpyro_dp.mcmc
 
-        monkeypatch.setattr(numpyro_dp.mcmc, "WARM_START_SHARE", 0.0)
+        monkeypatch.setattr(numpyro_dp.mcmc, "auto_warm_start_share", lambda *a, **k: 0.0)
 
 
 @pytest.fixture(scope="session")
