@@ -276,6 +276,27 @@ def test_planner_noise_matches_the_runner(data):
     np.testing.assert_allclose(plan.noise_multiplier, kernel.noise_multiplier, rtol=1e-4)
 
 
+def test_planner_counts_the_warm_start_for_bounded_observations_only():
+    """Chains that cannot travel may still start close enough (a Bernoulli model);
+    for counts the warm start's figure does not count (heavy rows bias it)."""
+    def glm(X, y=None, family=dist.Bernoulli):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", family(logits=X @ w) if family is dist.Bernoulli
+                           else family(rate=jax.numpy.exp(X @ w)), obs=y)
+
+    X, y = make_logistic_data(50_000, 3)
+    kwargs = dict(epsilon=3.0, delta=1e-7, num_warmup=2000, num_samples=2000)
+    bernoulli = ndp.plan(glm, X, y, **kwargs)
+    poisson = ndp.plan(glm, X, y, family=dist.Poisson, **kwargs)
+    assert bernoulli.travel_sds < ndp.planner.MARGINAL_TRAVEL
+    assert bernoulli.start_error_sds <= ndp.planner.FEASIBLE_START_ERROR
+    assert bernoulli.verdict == "feasible"
+    assert poisson.start_error_sds == bernoulli.start_error_sds
+    assert poisson.verdict == "infeasible"
+    assert any("bounded support" in a for a in poisson.advice)
+
+
 def test_planner_points_a_linear_model_to_released_statistics():
     def linear(X, y=None):
         w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
