@@ -124,6 +124,7 @@ def test_histogram_noise_is_scaled_to_its_sensitivity():
     assert abs(sd - 5.0 * np.sqrt(2)) < 4 * 5.0 * np.sqrt(2) / np.sqrt(800)
 
 
+@pytest.mark.slow  # 24-27 s: make test-all
 def test_warm_start_reaches_the_mode_at_negligible_noise(data):
     X, y = data
     pm = PrivateModel(logistic_model, (X, y), {})
@@ -187,6 +188,7 @@ def test_default_run_selects_clips_and_warm_starts_within_budget(data):
     assert not np.allclose(starts[0], starts[1])
 
 
+@pytest.mark.slow  # 24-27 s: make test-all
 def test_second_run_tunes_nothing(data):
     X, y = data
     kernel = ndp.DPHMC(logistic_model, num_steps=2)
