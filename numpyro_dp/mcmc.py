@@ -50,8 +50,10 @@ QUICK_REFUSAL_MARGIN = 0.01
 #: Folded into the user's key to give the tuning releases their own public keys.
 TUNING_KEY_TAG = 0x74756E65
 #: Chains start at the warm start plus this many times its dispersion (per
-#: coordinate, :class:`~numpyro_dp.TuningResult`) times a standard normal:
-#: overdispersed, so that R-hat can tell chains that stayed apart.
+#: coordinate, :class:`~numpyro_dp.TuningResult`) times a standard normal, in
+#: antithetic pairs: spread like its noise-aware Laplace approximation, so that
+#: R-hat can tell chains that stayed apart and frozen chains still pool to a
+#: sensible approximation.
 CHAIN_DISPERSION = 1.0
 
 
