@@ -239,15 +239,19 @@ def _verdict(travel: float, start_error: float) -> str:
     return "infeasible"
 
 
-def _bounded_observations(model: Callable, model_args: tuple, model_kwargs: dict) -> bool:
+def _observed(model: Callable, model_args: tuple, model_kwargs: dict) -> list:
+    """The distributions of the model's observed sites (one structural trace)."""
+    trace = _structure_trace(model, model_args, model_kwargs)
+    return [s["fn"] for s in trace.values() if s["type"] == "sample" and s["is_observed"]]
+
+
+def _bounded_observations(observed: list) -> bool:
     """Whether every observed site has bounded support (Bernoulli, Binomial, ...).
 
     The warm start's noise figure (:func:`start_error_sds`) assumes rows whose
     gradients have light tails; counts and continuous responses can have rows
     far out that its clips must either cut (a biased start) or pay for.
     """
-    trace = _structure_trace(model, model_args, model_kwargs)
-    observed = [s["fn"] for s in trace.values() if s["type"] == "sample" and s["is_observed"]]
     return bool(observed) and all(
         getattr(fn.support, "is_discrete", False) and not isinstance(
             fn.support, (type(dist.constraints.nonnegative_integer),
@@ -257,13 +261,9 @@ def _bounded_observations(model: Callable, model_args: tuple, model_kwargs: dict
     )
 
 
-def _linear_gaussian(model: Callable, model_args: tuple, model_kwargs: dict) -> bool:
+def _linear_gaussian(observed: list) -> bool:
     """Whether an observed site is Normal (where released statistics may serve)."""
-    trace = _structure_trace(model, model_args, model_kwargs)
-    return any(
-        s["type"] == "sample" and s["is_observed"] and isinstance(s["fn"], dist.Normal)
-        for s in trace.values()
-    )
+    return any(isinstance(fn, dist.Normal) for fn in observed)
 
 
 def plan(
@@ -337,7 +337,8 @@ def plan(
         return tuning, z, step, travel, start_error_sds(n, d, tuning, factor)
 
     # The start's figure counts towards the verdict only for bounded observations.
-    bounded = _bounded_observations(model, model_args, model_kwargs)
+    observed = _observed(model, model_args, model_kwargs)
+    bounded = _bounded_observations(observed)
 
     def _verdict_here(travel, start_error):
         return _verdict(travel, start_error if bounded else math.inf)
@@ -410,7 +411,7 @@ def plan(
             f"Fewer parameters help (travel grows like 1/sqrt(d), d = {d}), as do fewer "
             "chains (each gets more of the budget; keep at least 2 for R-hat)."
         )
-        if _linear_gaussian(model, model_args, model_kwargs):
+        if _linear_gaussian(observed):
             advice.append(
                 "For a linear regression, ndp.linreg releases the sufficient statistics "
                 "once and NUTS runs on the release at no further cost: far less noise than "

@@ -85,7 +85,8 @@ WARM_START_STAGES = len(WARM_START_STAGE_SHARES)
 #: stage's whole share (the Laplace covariance is made of it).
 HESSIAN_SHARE = 0.2
 #: Quantile of the per-row gradient norms (and Hessian norms) that clips the
-#: first stage.  Not the median of DP-SGD (Andrew et al. 2021): a clip that
+#: warm start (the final stage's gradients cut fewer rows where its noise is
+#: small: :func:`clip_rows_above`).  Not the median of DP-SGD (Andrew et al. 2021): a clip that
 #: cuts many rows moves the point where the clipped gradients balance (on
 #: statsmodels' ``fair``, 9 posterior sds at the 30% quantile of the mode's
 #: norms, 2.3 at the 90%).
