@@ -2,12 +2,13 @@
 
 from numpyro_dp import diagnostics, linreg, mechanisms, mixing, models, secret
 from numpyro_dp.accounting import (
+    AccountantWarning,
     PrivacyBudgetError,
     calibrate_noise_multiplier,
     epsilon_spent,
     max_iterations,
 )
-from numpyro_dp.inference_data import to_inference_data
+from numpyro_dp.inference_data import to_datatree, to_inference_data
 from numpyro_dp.kernels import (
     DPHMC,
     DPMALA,
@@ -59,6 +60,7 @@ __all__ = [
     "MixingReport",
     "MixingWarning",
     "ModelSpecificationError",
+    "AccountantWarning",
     "PrivacyBudgetError",
     "PrivacyLedger",
     "PrivacySpent",
@@ -75,5 +77,6 @@ __all__ = [
     "mixing",
     "models",
     "secret",
+    "to_datatree",
     "to_inference_data",
 ]

@@ -1,4 +1,4 @@
-"""Sample-quality diagnostics against exact posterior draws (SPEC s8).
+"""Sample-quality diagnostics against exact posterior draws (Räisä 2020, ch. 5).
 
 R-hat and ESS cannot tell that a DP chain is biased: a chain whose LLRs are
 clipped mixes well and converges to the wrong place. These functions compare
@@ -82,7 +82,7 @@ def _pair(x, y, var_names):
 
 
 def median_bandwidth(x, y, rng: np.random.Generator | int = 0, num_points: int = 500) -> float:
-    """Median-heuristic kernel width (SPEC s8).
+    """Median-heuristic kernel width.
 
     The median Euclidean distance between distinct pairs of a ``num_points``
     resample, with replacement, of the pooled draws ``x`` and ``y`` (2-D
@@ -139,7 +139,7 @@ def mmd(
     rng: np.random.Generator | int = 0,
     block_size: int = 512,
 ) -> float:
-    """Maximum mean discrepancy between two samples (SPEC s8).
+    """Maximum mean discrepancy between two samples.
 
     The Gaussian RBF kernel ``k(a, b) = exp(-||a - b||^2 / (2 w^2))``; MMD^2
     is the unbiased U-statistic and ``sqrt(max(MMD^2, 0))`` is returned, as
@@ -201,7 +201,7 @@ def mmd(
 
 
 def mean_error(x, y, *, var_names: Sequence[str] | None = None) -> float:
-    """Euclidean distance between the means of two samples (SPEC s8).
+    """Euclidean distance between the means of two samples.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Sums of per-row clipped log-likelihood gradients (SPEC s1, s5).
+"""Sums of per-row clipped log-likelihood gradients.
 
 Gradient-based kernels release ``sum_i clip_c(grad l_i(theta)) + noise``.  The
 sum of clipped rows is the only data-dependent quantity of such a release and

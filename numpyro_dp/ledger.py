@@ -1,4 +1,4 @@
-"""The privacy ledger: what a data set has spent, run by run (SPEC s2).
+"""The privacy ledger: what a data set has spent, run by run.
 
 A :class:`PrivacyLedger` lives in memory, or in a file opened with
 :meth:`PrivacyLedger.open`, which makes it an odometer: every charge is on disk
@@ -54,14 +54,16 @@ import dp_accounting as dpa
 
 from numpyro_dp.accounting import (
     ACCOUNTANTS,
+    AccountantWarning,
     PrivacyBudgetError,
     check_budget,
     check_neighbourhood,
+    choose_accountant,
     count_releases,
     epsilon_spent,
     noise_multipliers,
 )
-from numpyro_dp.rdp import BarkerDpEvent, is_rdp_only
+from numpyro_dp.rdp import BarkerDpEvent
 
 try:
     import fcntl
@@ -135,7 +137,8 @@ class PrivacySpent:
     noise_multipliers : tuple of float
         Distinct noise multipliers ``z = sigma / Delta`` used.
     accountant : str
-        ``"pld"`` or ``"rdp"``.
+        The accountant that charged the entries: ``"pld"`` or ``"rdp"``
+        (see :func:`~numpyro_dp.accounting.choose_accountant`).
     ledger : tuple of LedgerEntry
         Every charged call, in order.
     """
@@ -188,7 +191,12 @@ class PrivacyLedger:
     delta : float
         The delta at which epsilon is reported, in (0, 1).
     neighbourhood : {"substitute", "add_remove"}
-    accountant : {"pld", "rdp"}
+    accountant : {"auto", "pld", "rdp"}
+        ``"auto"`` (the default) charges each composition with the tightest
+        accountant that can interpret it.  An explicit choice that cannot
+        interpret an entry (PLD and fixed-size batches drawn without
+        replacement, say) is replaced by one that can, with an
+        :class:`~numpyro_dp.accounting.AccountantWarning` at the charge.
     epsilon : float, optional
         Total budget, enforced by :meth:`charge` (stored as ``budget``).
 
@@ -202,7 +210,7 @@ class PrivacyLedger:
         self,
         delta: float,
         neighbourhood: str = "substitute",
-        accountant: str = "pld",
+        accountant: str = "auto",
         *,
         epsilon: float | None = None,
     ):
@@ -235,7 +243,7 @@ class PrivacyLedger:
         path : str or PathLike
         delta, neighbourhood, accountant, epsilon : optional
             Settings of a new ledger (``delta`` is then required; the others
-            default to ``"substitute"``, ``"pld"`` and no budget).  For an
+            default to ``"substitute"``, ``"auto"`` and no budget).  For an
             existing file, each one given must equal what the file holds:
             pass none of them to reopen it.
 
@@ -265,7 +273,7 @@ class PrivacyLedger:
                     "optionally neighbourhood=, accountant= and epsilon=, the budget)."
                 )
             new = cls(delta, "substitute" if neighbourhood is None else neighbourhood,
-                      "pld" if accountant is None else accountant, epsilon=epsilon)
+                      "auto" if accountant is None else accountant, epsilon=epsilon)
             _LedgerFile.create(path, {
                 "format": FORMAT, "version": VERSION, "delta": float(new.delta),
                 "neighbourhood": new.neighbourhood, "accountant": new.accountant,
@@ -342,7 +350,7 @@ class PrivacyLedger:
             neighbourhood=self.neighbourhood,
             num_releases=count_releases(ev),
             noise_multipliers=noise_multipliers(ev),
-            accountant="rdp" if is_rdp_only(ev) else self.accountant,
+            accountant=choose_accountant(ev, self.accountant, self.neighbourhood).accountant,
             ledger=tuple(entries),
         )
 
@@ -372,6 +380,15 @@ class PrivacyLedger:
         self, entries: Sequence[LedgerEntry], entry: LedgerEntry, limit: float | None
     ) -> float:
         """Epsilon of ``entries`` and ``entry``; raise if it exceeds ``limit``."""
+        choice = choose_accountant(_compose([*entries, entry]), self.accountant,
+                                   self.neighbourhood)
+        if choice.reason is not None:
+            warnings.warn(
+                f"accountant={self.accountant!r} cannot charge {entry.kernel} {entry.phase}: "
+                f"{choice.reason}. The ledger reports accountant={choice.accountant!r}; "
+                f"pass accountant={choice.accountant!r} or 'auto' to say so yourself.",
+                AccountantWarning, stacklevel=4,
+            )
         after = self._epsilon_of([*entries, entry])
         if limit is not None and after > limit:
             raise PrivacyBudgetError(

@@ -1,6 +1,6 @@
-"""DP Bayesian linear regression from released sufficient statistics (SPEC s9).
+"""DP Bayesian linear regression from released sufficient statistics.
 
-Alparslan, Yildirim & Birbil (2023), paper 002 s5.2.  Each of J data holders
+Alparslan, Yildirim & Birbil (2023); Alparslan (2023), s5.2.  Each of J data holders
 releases, once, ``S_hat_j = X_j^T X_j + sigma M_j`` (``M_j`` symmetric, upper
 triangle iid N(0, 1)) and ``z_hat_j = X_j^T y_j + sigma v_j`` by one Gaussian
 mechanism on the joint vector.  Everything after the release is
@@ -18,7 +18,7 @@ intercept (append a constant column inside the bound if one is wanted),
 ``theta ~ N(m, C)``, ``sigma_y^2 ~ IG(a, b)``, and, given the holder's true
 ``S_j``, ``z_hat_j ~ N(S_j theta, sigma_y^2 S_j + sigma^2 I)``.
 
-Precision: the releases follow :mod:`numpyro_dp.mechanisms` (SPEC s11):
+Precision: the releases follow :mod:`numpyro_dp.mechanisms` :
 secret noise, statistics computed in float64 (blockwise products summed in
 double-word arithmetic) with their error bounds and the grid rounding charged,
 noise added on a grid.  The NUTS models run in JAX's default dtype.  ``S_j``
@@ -76,7 +76,7 @@ def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "sub
     """l2-sensitivity of ``(upper triangle of X^T X, X^T y)``.
 
     Rows with ``||x|| <= x_bound`` and ``|y| <= y_bound``.  Add/remove:
-    ``sqrt(x_bound^4 + x_bound^2 y_bound^2)`` (paper 002 eq. 5.12).
+    ``sqrt(x_bound^4 + x_bound^2 y_bound^2)`` (Alparslan 2023, eq. 5.12).
     Substitute: ``sqrt(2 x_bound^4 + 4 x_bound^2 y_bound^2)`` (see
     :func:`~numpyro_dp.mechanisms.gram_sensitivity`; the ``X^T y`` part
     doubles), below the factor 2 of the triangle inequality.
@@ -133,7 +133,7 @@ class LinRegRelease(NamedTuple):
     z_hat : ndarray (J, d)
         Noisy ``X_j^T y_j``.
     n_rows : ndarray (J,)
-        Rows per holder (public, SPEC s0).
+        Rows per holder (public).
     sigma : float
         Noise standard deviation of every released coordinate.
     x_bound, y_bound : float
@@ -281,7 +281,7 @@ def _theta_sigma(prior: LinRegPrior, sigma_y2):
 
 
 def fixed_s_model(S, z_hat, sigma_z, prior: LinRegPrior, sigma_y2=None):
-    """MCMC-fixedS (paper 002 Alg. 17) as a NumPyro model.
+    """MCMC-fixedS (Alparslan 2023, Alg. 17) as a NumPyro model.
 
     ``S`` (J, d, d) is PSD, e.g. :func:`nearest_psd` of the release;
     ``z_hat_j ~ N(S_j theta, sigma_y2 S_j + sigma_z^2 I)`` with ``z_j``
@@ -294,7 +294,7 @@ def fixed_s_model(S, z_hat, sigma_z, prior: LinRegPrior, sigma_y2=None):
 
 
 def normal_x_model(S_hat, z_hat, n_rows, sigma, prior: LinRegPrior, sigma_y2=None):
-    """MCMC-normalX (paper 002 Alg. 16) as a NumPyro model.
+    """MCMC-normalX (Alparslan 2023, Alg. 16) as a NumPyro model.
 
     ``x ~ N(0, Sigma_x)``, ``Sigma_x ~ IW(iw_scale, iw_df)``, so
     ``S_j | Sigma_x ~ Wishart(n_j, Sigma_x)``; the upper triangle of ``S_hat_j``
@@ -375,7 +375,7 @@ class GaussianPosterior(NamedTuple):
 
 
 def theta_conditional(S, z_hat, sigma_z, sigma_y2, prior: LinRegPrior) -> GaussianPosterior:
-    """``theta | S, sigma_y2, z_hat`` (paper 002 Prop. 3), in float64.
+    """``theta | S, sigma_y2, z_hat`` (Alparslan 2023, Prop. 3), in float64.
 
     Precision ``sum_j S_j (sigma_y2 S_j + sigma_z^2 I)^-1 S_j + C^-1``; mean
     its inverse times ``sum_j S_j (sigma_y2 S_j + sigma_z^2 I)^-1 z_hat_j + C^-1 m``.
@@ -394,7 +394,7 @@ def theta_conditional(S, z_hat, sigma_z, sigma_y2, prior: LinRegPrior) -> Gaussi
 def fast_posterior(
     release: LinRegRelease, prior: LinRegPrior | None = None, sigma_y2: float | None = None
 ) -> GaussianPosterior:
-    """Bayes-fixedS-fast (paper 002 Alg. 18, returning m_post as SPEC s10 corrects).
+    """Bayes-fixedS-fast (Alparslan 2023, Alg. 18; its m_post corrected to the posterior mean).
 
     ``S_j`` fixed at :func:`nearest_psd` of the release and ``sigma_y2`` at a
     crude value, by default ``(y_bound / 3)^2`` (the paper writes
@@ -423,7 +423,7 @@ def adassp(
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
 ) -> Release:
-    """adaSSP (Wang 2018), distributed as in paper 002 eq. 7.2.
+    """adaSSP (Wang 2018), distributed as in Alparslan (2023, eq. 7.2).
 
     Each holder releases ``lambda_min(S_j)`` (sensitivity ``x_bound^2``),
     ``S_j`` (:func:`~numpyro_dp.mechanisms.gram_sensitivity`) and ``z_j``

@@ -65,9 +65,10 @@ _NO_DATA = (
     "A PrivateMCMC does not hand out the data it ran on. arviz.from_numpyro (and "
     "anything else that re-runs the model on the runner's data, such as "
     "numpyro.infer.log_likelihood or Predictive fed mcmc._args) would publish the "
-    "private rows as observed_data and their exact per-row log-likelihoods. Use "
-    "ndp.to_inference_data(mcmc): the posterior, private-safe sample stats and the "
-    "privacy ledger."
+    "private rows as observed_data and their exact per-row log-likelihoods; so would "
+    "arviz_base.from_numpyro. Use ndp.to_inference_data(mcmc) (or ndp.to_datatree(mcmc) "
+    "for an xarray.DataTree): the posterior, private-safe sample stats and the privacy "
+    "ledger."
 )
 
 
@@ -177,8 +178,13 @@ class PrivateMCMC(MCMC):
     delta : float
         The delta of the (epsilon, delta) guarantee; required, and below
         ``1 / n``.
-    accountant : {"pld", "rdp"}
-        Privacy accountant (``"pld"`` is tight).
+    accountant : {"auto", "pld", "rdp"}
+        Privacy accountant.  ``"auto"`` (the default) takes dp-accounting's
+        tight PLD wherever it applies and RDP where only RDP has a bound
+        (fixed-size batches drawn without replacement, DP Barker).  An
+        explicit choice that cannot charge the kernel is replaced by one that
+        can, with an :class:`~numpyro_dp.accounting.AccountantWarning`; the
+        accountant used is in :meth:`privacy_spent`.
     ledger : PrivacyLedger, optional
         An existing ledger to charge: a persistent one
         (:meth:`PrivacyLedger.open`, the way to work in a notebook: it survives
@@ -265,7 +271,7 @@ class PrivateMCMC(MCMC):
         jit_model_args: bool = False,
         epsilon: float | None = None,
         delta: float | None = None,
-        accountant: str = "pld",
+        accountant: str = "auto",
         ledger: PrivacyLedger | None = None,
         reproducible_noise: bool = False,
         max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
@@ -314,12 +320,6 @@ class PrivateMCMC(MCMC):
                 "PrivateMCMC. Keep using that runner (its ledger accumulates over "
                 "runs) or build a new kernel: a second runner would start a second, "
                 "separate ledger for the same data."
-            )
-        if accountant not in sampler.accountants:
-            raise ValueError(
-                f"accountant={accountant!r} cannot charge this {type(sampler).__name__}: "
-                f"dp-accounting supports its events with {sampler.accountants} only; pass "
-                f"accountant={sampler.accountants[0]!r} (or change the kernel's batching)."
             )
         if not isinstance(num_chains, int) or num_chains < 1:
             raise ValueError("num_chains must be a positive integer")

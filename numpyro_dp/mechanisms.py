@@ -1,4 +1,4 @@
-"""One-shot releases of statistics: Gaussian, Laplace, randomized response (SPEC s9, s11).
+"""One-shot releases of statistics: Gaussian, Laplace, randomized response.
 
 Each mechanism returns a :class:`Release`: the noisy value, its noise scale
 and a :class:`~numpyro_dp.ledger.LedgerEntry` in the conventions of the
@@ -9,11 +9,11 @@ NumPyro's NUTS on a noise-aware model) is post-processing and costs nothing
 more.
 
 Sensitivities are taken from explicit a-priori bounds and the neighbourhood
-relation (SPEC s0): a bound computed from the data would itself depend on the
+relation: a bound computed from the data would itself depend on the
 rows it is meant to hide, so :func:`clip_rows` refuses one that equals the
 data's own extreme.
 
-Floating point (SPEC s11).  Every release goes through :func:`secret_release`
+Floating point (Mironov 2012).  Every release goes through :func:`secret_release`
 and a :class:`GridPlan`:
 
 * the noise key is :func:`~numpyro_dp.secret.noise_key` of a fresh 64-bit

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import arviz as az
 import numpy as np
+import xarray as xr
 
 __all__ = ["MixingReport", "MixingWarning", "mixing_report", "warn_if_not_mixed"]
 
@@ -104,8 +105,10 @@ def mixing_report(samples_by_chain: Mapping[str, np.ndarray]) -> MixingReport | 
     sites = {k: v.reshape(v.shape[:2] + (-1,)) for k, v in sites.items() if v.size}
     if not sites or next(iter(sites.values())).shape[1] < 4:
         return None
-    # ArviZ's rank-normalised split R-hat and bulk ESS: what az.summary shows.
-    posterior = az.from_dict(posterior=sites)
+    # ArviZ's rank-normalised split R-hat and bulk ESS: what az.summary shows.  A
+    # plain Dataset works on both ArviZ lines (0.x and the DataTree-based 1.x,
+    # whose from_dict takes other arguments).
+    posterior = xr.Dataset({k: (("chain", "draw", f"{k}_dim_0"), v) for k, v in sites.items()})
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         rhats = az.rhat(posterior, method="rank")

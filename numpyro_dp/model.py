@@ -1,7 +1,7 @@
 """Model adapter: per-row log-likelihoods and the prior of a NumPyro model.
 
 Every kernel of the library talks to a user's model only through
-:class:`PrivateModel` (SPEC s1).  It splits the model's log-density into
+:class:`PrivateModel`.  It splits the model's log-density into
 
 * the prior term ``log p(theta)`` in NumPyro's unconstrained space, including
   the log-Jacobian of the transforms; it must not read the data, and
@@ -324,7 +324,7 @@ class PrivateModel:
         likelihood = [s for s in observed if not _is_factor(s)]
         if not likelihood:
             # A likelihood written only with `numpyro.factor` inside a plate:
-            # those factors are the per-row terms (SPEC s1), so they locate the plate.
+            # those factors are the per-row terms, so they locate the plate.
             likelihood = [s for s in observed if s["cond_indep_stack"]]
         if not likelihood:
             raise ModelSpecificationError(
@@ -529,7 +529,7 @@ class PrivateModel:
             raise ModelSpecificationError(
                 f"The prior part of the model reads the private data: {leaky}. "
                 "Priors, parameter supports and factors outside the data plate "
-                "must use public constants only (SPEC s0); pass hyperparameters "
+                "must use public constants only; pass hyperparameters "
                 "as numbers, not as functions of the data."
             )
         safe, dropped = [], []

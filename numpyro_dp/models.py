@@ -1,4 +1,4 @@
-"""Reference models with posteriors known in closed form (SPEC s8).
+"""Reference models with posteriors known in closed form (Räisä, Koskela & Honkela 2021).
 
 Used to check that a kernel targets the right posterior: each model comes
 with a data simulator and an exact posterior sampler.
@@ -55,7 +55,7 @@ BANANA_REFERENCE = {"a": 20.0, "b": 0.0, "m": 0.0, "prior_var": 1000.0,
 
 def banana_model(X, a=20.0, b=0.0, m=0.0, prior_var=1000.0, row_var=(2000.0, 2500.0),
                  temperature=1.0):
-    """The banana model of SPEC s8, for any dimension d = X.shape[1] >= 2.
+    """The banana model of Räisä, Koskela & Honkela (2021), for any dimension d = X.shape[1] >= 2.
 
     theta ~ Ban(0, s0^2 I, a, b, m) and row x_i ~ N(g^{-1}(theta), diag(s_j^2)),
     so the (tempered) posterior is Ban(mu, Sigma, a, b, m) in closed form
@@ -99,7 +99,7 @@ def banana_data(key, n, theta=(0.0, 3.0), a=20.0, b=0.0, m=0.0, row_var=(2000.0,
 
 def banana_posterior_sample(key, X, num_samples, temperature=1.0, a=20.0, b=0.0, m=0.0,
                             prior_var=1000.0, row_var=(2000.0, 2500.0)):
-    """Exact draws from the (tempered) banana posterior (SPEC s8)."""
+    """Exact draws from the (tempered) banana posterior."""
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     tau = 1.0 / np.broadcast_to(np.asarray(row_var, float), (d,))
@@ -112,7 +112,7 @@ def banana_posterior_sample(key, X, num_samples, temperature=1.0, a=20.0, b=0.0,
 
 
 def gaussian_model(X, cov, prior_sd=100.0, temperature=1.0):
-    """The correlated Gaussian model of SPEC s8.
+    """The correlated Gaussian model of Räisä, Koskela & Honkela (2021).
 
     theta ~ N(0, prior_sd^2 I); rows x_i ~ N(theta, cov) with ``cov`` known
     (:func:`gaussian_covariance` draws the paper's). ``temperature``
@@ -126,7 +126,7 @@ def gaussian_model(X, cov, prior_sd=100.0, temperature=1.0):
 
 def gaussian_covariance(key, d=10):
     """Sigma = Q diag(lambda) Q^T with lambda_j ~ Gamma(0.5, 1) and Q from
-    orthonormalising (QR) a d x d matrix of U(0, 1) entries (paper 004 s4)."""
+    orthonormalising (QR) a d x d matrix of U(0, 1) entries (Räisä, Koskela & Honkela 2021, s4)."""
     k_lam, k_q = jax.random.split(key)
     lam = np.asarray(jax.random.gamma(k_lam, 0.5, (d,)), np.float64)
     q, _ = np.linalg.qr(np.asarray(jax.random.uniform(k_q, (d, d)), np.float64))

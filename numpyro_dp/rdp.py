@@ -1,11 +1,11 @@
-"""Renyi-DP accounting for fixed-size batches drawn without replacement (SPEC s2, s4).
+"""Renyi-DP accounting for fixed-size batches drawn without replacement.
 
 The minibatch kernels (``DPBarker``, ``DPPenalty(batch_size=b)``) release, at
 every iteration, a mechanism applied to a batch of ``b`` of the ``n`` rows
 drawn uniformly without replacement.  Their cost is declared as
 ``dpa.SampledWithoutReplacementDpEvent(n, b, base)`` with ``base`` either a
 ``dpa.GaussianDpEvent(z)`` (RDP ``a / (2 z^2)``) or a :class:`BarkerDpEvent`
-(the per-step curve of SPEC s4, which is not a Gaussian mechanism and so has
+(the per-step curve of Heikkilä et al. 2019, which is not a Gaussian mechanism and so has
 no built-in dp-accounting event).
 
 This module turns such events into an RDP curve on integer orders:
@@ -35,13 +35,15 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy.special import gammaln, logsumexp
 
+from numpyro_dp.accounting.events import releases
+
 #: Integer RDP orders 2..512 (WBK needs every integer order up to the one evaluated).
 ORDERS = np.arange(2, 513, dtype=float)
 
 
 @dataclasses.dataclass(frozen=True)
 class BarkerDpEvent(dpa.DpEvent):
-    """One DP Barker acceptance test on a batch of ``batch_size`` rows (SPEC s4).
+    """One DP Barker acceptance test on a batch of ``batch_size`` rows (Heikkilä et al. 2019).
 
     The cost of the test itself, before amplification by subsampling: wrap it
     in ``dpa.SampledWithoutReplacementDpEvent(n, batch_size, ...)``.
@@ -51,7 +53,7 @@ class BarkerDpEvent(dpa.DpEvent):
 
 
 def barker_rdp(batch_size: int, orders: np.ndarray = ORDERS) -> np.ndarray:
-    """Per-step RDP of the DP Barker test (SPEC s4); ``inf`` outside 2 <= a < b/5.
+    """Per-step RDP of the DP Barker test (Heikkilä et al. 2019); ``inf`` outside 2 <= a < b/5.
 
     eps'(a) = 5/(2b) + ln(2b / (b - 5a)) / (2(a - 1)) + 2a / (b - 5a).
     """
@@ -109,46 +111,73 @@ def _log_comb(n: int, k) -> np.ndarray:
 # ----------------------------------------------------------------- events
 def is_rdp_only(event: dpa.DpEvent) -> bool:
     """Whether ``event`` contains a release that only this module can account."""
-    if isinstance(event, (BarkerDpEvent, dpa.SampledWithoutReplacementDpEvent)):
-        return True
-    if isinstance(event, dpa.SelfComposedDpEvent):
-        return is_rdp_only(event.event)
-    if isinstance(event, dpa.ComposedDpEvent):
-        return any(is_rdp_only(e) for e in event.events)
-    return False
+    return any(isinstance(leaf, (BarkerDpEvent, dpa.SampledWithoutReplacementDpEvent))
+               for leaf, _ in releases(event))
 
 
-def rdp_curve(event: dpa.DpEvent, orders: np.ndarray = ORDERS) -> np.ndarray:
-    """RDP of ``event`` at ``orders`` (substitute neighbourhood)."""
-    if isinstance(event, dpa.NoOpDpEvent):
-        return np.zeros(len(orders))
-    if isinstance(event, dpa.GaussianDpEvent):
-        if event.noise_multiplier == 0:
+def _leaf_curve(leaf: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
+    if isinstance(leaf, dpa.GaussianDpEvent):
+        if leaf.noise_multiplier == 0:
             return np.full(len(orders), np.inf)
-        return gaussian_rdp(event.noise_multiplier, orders)
-    if isinstance(event, BarkerDpEvent):
-        return barker_rdp(event.batch_size, orders)
-    if isinstance(event, dpa.SampledWithoutReplacementDpEvent):
-        q = event.sample_size / event.source_dataset_size
-        return wbk_amplify(rdp_curve(event.event, orders), q, orders)
-    if isinstance(event, dpa.SelfComposedDpEvent):
-        if event.count == 0:
-            return np.zeros(len(orders))
-        return event.count * rdp_curve(event.event, orders)
-    if isinstance(event, dpa.ComposedDpEvent):
-        return sum((rdp_curve(e, orders) for e in event.events), np.zeros(len(orders)))
+        return gaussian_rdp(leaf.noise_multiplier, orders)
+    if isinstance(leaf, BarkerDpEvent):
+        return barker_rdp(leaf.batch_size, orders)
+    if isinstance(leaf, dpa.SampledWithoutReplacementDpEvent):
+        q = leaf.sample_size / leaf.source_dataset_size
+        return wbk_amplify(rdp_curve(leaf.event, orders), q, orders)
     raise ValueError(
-        f"The RDP accountant for minibatch kernels cannot interpret {type(event).__name__}; "
+        f"The RDP accountant for minibatch kernels cannot interpret {type(leaf).__name__}; "
         "it handles Gaussian, DP Barker and without-replacement sampled events."
     )
 
 
-def rdp_epsilon(event: dpa.DpEvent, delta: float, orders: np.ndarray = ORDERS) -> float:
-    """Epsilon (rounded up) of ``event`` at ``delta``, over the finite orders only."""
-    rdp = rdp_curve(event, orders)
+def rdp_curve(event: dpa.DpEvent, orders: np.ndarray = ORDERS) -> np.ndarray:
+    """RDP of ``event`` at ``orders`` (substitute neighbourhood)."""
+    return sum((times * _leaf_curve(leaf, orders) for leaf, times in releases(event)),
+               np.zeros(len(orders)))
+
+
+def curve_epsilon(rdp: np.ndarray, delta: float, orders: np.ndarray = ORDERS) -> float:
+    """Epsilon (rounded up) of the RDP curve ``rdp`` at ``delta``, over its finite orders."""
     finite = np.isfinite(rdp)
     if not finite.any():
         return math.inf
     eps, _ = rdp_privacy_accountant.compute_epsilon(orders[finite], rdp[finite], delta)
     # Round up by more than the floating-point error of the sums above.
     return math.nextafter(float(eps) * (1 + 1e-12), math.inf)
+
+
+def rdp_epsilon(event: dpa.DpEvent, delta: float, orders: np.ndarray = ORDERS) -> float:
+    """Epsilon (rounded up) of ``event`` at ``delta``, over the finite orders only."""
+    return curve_epsilon(rdp_curve(event, orders), delta, orders)
+
+
+class WbkRdpAccountant(dpa.PrivacyAccountant):
+    """RDP accountant of the minibatch kernels, as a dp-accounting accountant.
+
+    Interprets plain Gaussians, :class:`BarkerDpEvent` and
+    ``SampledWithoutReplacementDpEvent`` of either (WBK amplification), under
+    the substitute neighbourhood only (``REPLACE_ONE``: n is public).
+    """
+
+    def __init__(self, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE,
+                 orders: np.ndarray = ORDERS):
+        super().__init__(neighboring_relation)
+        self._orders = orders
+        self._rdp = np.zeros(len(orders))
+
+    def _maybe_compose(self, event, count, do_compose):
+        if self.neighboring_relation is not dpa.NeighboringRelation.REPLACE_ONE:
+            return self.CompositionErrorDetails(
+                event, "fixed-size batches drawn without replacement are accounted "
+                "under the substitute neighbourhood (REPLACE_ONE) only")
+        try:
+            curve = rdp_curve(event, self._orders)
+        except ValueError as err:
+            return self.CompositionErrorDetails(event, str(err))
+        if do_compose and count:
+            self._rdp = self._rdp + count * curve
+        return None
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return curve_epsilon(self._rdp, target_delta, self._orders)

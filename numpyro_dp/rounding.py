@@ -1,4 +1,4 @@
-"""Floating-point-safe releases: exact-enough sums and noise on a grid (SPEC s11).
+"""Floating-point-safe releases: exact-enough sums and noise on a grid (Mironov 2012).
 
 A Gaussian mechanism is private for the values *as computed*.  Two things of
 ordinary floating point break that:

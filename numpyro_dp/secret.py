@@ -1,4 +1,4 @@
-"""Secret noise (SPEC s11): no published key may determine a release's noise.
+"""Secret noise: no published key may determine a release's noise.
 
 The PRNG key a user passes to ``PrivateMCMC.run`` or to a mechanism is public
 (notebooks print ``PRNGKey(0)``), and so is every key that NumPyro keeps in a

@@ -1,4 +1,4 @@
-"""Private tuning before sampling: clip selection and a warm start (SPEC s11).
+"""Private tuning before sampling: clip selection and a warm start.
 
 A chain started from the prior on a real data set sits where it started: at
 an ordinary budget the noise caps every step far below the distance to the
@@ -20,9 +20,9 @@ stated share of the budget, before the sampler, on
   approximation is white, clips so that (almost) no row is cut, and releases
   its Hessian once.  The average of its last iterates is the start; the
   chains start around it, dispersed by its Laplace covariance and its
-  standard error (post-processing).  (SPEC s11 describes noisy gradient
-  descent: on real, ill-conditioned data it needs hundreds of paid steps to
-  get near the mode, measured in ``benchmarks/``; Newton steps need a few.)
+  standard error (post-processing).  (Noisy gradient descent, the obvious
+  alternative, needs hundreds of paid steps to get near the mode on real,
+  ill-conditioned data, measured in ``benchmarks/``; Newton steps need a few.)
 
 Every release is declared here as a :class:`dp_accounting.DpEvent` and
 charged to the runner's ledger under its own phase before it is computed.

@@ -37,6 +37,7 @@ from scipy.optimize import brentq
 from scipy.special import erfc
 
 from numpyro_dp import accounting as acc
+from numpyro_dp.accounting import accountants
 
 ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -238,13 +239,13 @@ def test_composed_pld_is_reused_across_deltas_and_only_for_the_same_event(monkey
     fresh = [math.nextafter(pld_reference(event(1.0), delta), math.inf) for delta in deltas]
     composed = []
 
-    class Counting(acc._SubsampledComposition):
+    class Counting(accountants.SubsampledComposition):
         def __init__(self, leaves, relation, interval):
             composed.append(leaves[0][0])
             super().__init__(leaves, relation, interval)
 
-    monkeypatch.setattr(acc, "_pld_cache", {})
-    monkeypatch.setattr(acc, "_SubsampledComposition", Counting)
+    monkeypatch.setattr(accountants, "_pld_cache", {})
+    monkeypatch.setattr(accountants, "SubsampledComposition", Counting)
     assert [acc.epsilon_spent(event(1.0), delta, "add_remove") for delta in deltas] == fresh
     assert len(composed) == 2
     # An event that differs in the last digit of its noise is composed afresh.
@@ -254,7 +255,7 @@ def test_composed_pld_is_reused_across_deltas_and_only_for_the_same_event(monkey
     # Only the last few are kept.
     for z in (1.5, 2.0, 2.5):
         acc.epsilon_spent(event(z), 1e-6, "add_remove")
-    assert len(acc._pld_cache) == acc.PLD_CACHE_SIZE
+    assert len(accountants._pld_cache) == accountants.PLD_CACHE_SIZE
 
 
 @pytest.mark.slow
@@ -262,8 +263,8 @@ def test_composed_pld_is_reused_across_deltas_and_only_for_the_same_event(monkey
 def test_subsampled_compositions_equal_dp_accountings_step_for_step(relation, monkeypatch):
     """Planning composes each subsampled Gaussian's PLD once and self-composes it
     (the leaf cache); the answers are dp-accounting's PLDAccountant's, exactly."""
-    monkeypatch.setattr(acc, "_pld_cache", {})
-    monkeypatch.setattr(acc, "_leaf_pld_cache", {})
+    monkeypatch.setattr(accountants, "_pld_cache", {})
+    monkeypatch.setattr(accountants, "_leaf_pld_cache", {})
     poisson = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.3))
     truncated = dpa.TruncatedSubsampledGaussianDpEvent(10_000, 0.01, 150, 1.1)
     events = [
@@ -272,18 +273,18 @@ def test_subsampled_compositions_equal_dp_accountings_step_for_step(relation, mo
         dpa.ComposedDpEvent([dpa.NoOpDpEvent(), dpa.SelfComposedDpEvent(truncated, 40),
                              dpa.SelfComposedDpEvent(poisson, 7), poisson]),
     ]
-    rel = acc._RELATION[relation]
+    rel = acc.budget.RELATIONS[relation]
     for event in events:
         for interval in (1e-2, 1e-3):
             reference = pld_privacy_accountant.PLDAccountant(rel, interval)
             reference.compose(event)
-            ours = acc._composed_pld(event, rel, interval, relation)
-            assert isinstance(ours, acc._SubsampledComposition)
+            ours = accountants._composed_pld(event, rel, interval)
+            assert isinstance(ours, accountants.SubsampledComposition)
             for delta in (1e-8, 1e-5):
                 assert ours.get_epsilon(delta) == reference.get_epsilon(delta)
     # Anything else goes to dp-accounting's accountant itself.
     mixed = dpa.ComposedDpEvent([poisson, dpa.LaplaceDpEvent(1.0)])
-    assert acc._subsampled_leaves(mixed) is None
+    assert acc.events.subsampled_releases(mixed) is None
 
 
 # ------------------------------------------------------------- 4. never understates
@@ -572,7 +573,7 @@ def test_ledger_different_kernels_and_rdp():
         s = ledger.spent()
         assert s.num_releases == 40
         assert s.noise_multipliers == (3.0, 8.0)
-        if accountant == "pld":
+        if accountant in ("auto", "pld"):
             assert s.epsilon == pytest.approx(cf_epsilon(M, delta), rel=1e-6)
         else:
             assert s.epsilon == pytest.approx(
@@ -685,3 +686,84 @@ def test_pld_huge_epsilon_is_cheap_and_never_below_a_finer_grid():
     ours = acc.epsilon_spent(event, 1e-6, neighbourhood="add_remove", accountant="pld")
     finer = dp_accounting_pld(event, 1e-6, 1e-3)
     assert finer <= ours <= finer * (1 + 1e-4)
+
+
+# ------------------------------------------------- the choice of accountant
+WOR = dpa.SampledWithoutReplacementDpEvent(10_000, 100, dpa.GaussianDpEvent(1.0))
+POISSON = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0))
+
+
+@pytest.mark.parametrize("event,neighbourhood,asked,used,replaced", [
+    (WOR, "substitute", "auto", "rdp", False),
+    (WOR, "substitute", "rdp", "rdp", False),
+    (WOR, "substitute", "pld", "rdp", True),
+    (POISSON, "substitute", "auto", "pld", False),
+    (POISSON, "substitute", "rdp", "pld", True),  # dp-accounting's RDP: add_remove only
+    (POISSON, "add_remove", "rdp", "rdp", False),
+    (dpa.GaussianDpEvent(2.0), "substitute", "rdp", "rdp", False),
+    (dpa.LaplaceDpEvent(2.0), "substitute", "auto", "pld", False),
+    (dpa.LaplaceDpEvent(2.0), "substitute", "rdp", "rdp", False),
+])
+def test_one_place_chooses_the_accountant_and_says_why_it_is_not_the_one_asked(
+        event, neighbourhood, asked, used, replaced):
+    choice = acc.choose_accountant(event, asked, neighbourhood)
+    assert choice.accountant == used and (choice.reason is not None) == replaced
+    made = acc.make_accountant(event, asked, neighbourhood)
+    assert isinstance(made, dpa.PrivacyAccountant) and made.supports(event)
+    assert acc.epsilon_spent(event, 1e-6, neighbourhood, asked) == made.compose(
+        event).get_epsilon(1e-6)
+
+
+def test_a_ledger_warns_when_its_accountant_is_replaced_and_reports_the_one_used():
+    entry = acc.LedgerEntry("DPSGLD", "sampling", 1, 10, dpa.SelfComposedDpEvent(WOR, 10))
+    for asked in ("pld", "auto"):
+        ledger = acc.PrivacyLedger(1e-6, accountant=asked)
+        if asked == "pld":
+            with pytest.warns(acc.AccountantWarning, match="without replacement"):
+                ledger.charge(entry)
+        else:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", acc.AccountantWarning)
+                ledger.charge(entry)
+        assert ledger.spent().accountant == "rdp"
+        assert ledger.spent().epsilon == acc.epsilon_spent(entry.event, 1e-6)
+
+
+def test_rdp_charges_laplace_and_randomized_response_as_dp_accounting_does():
+    event = dpa.ComposedDpEvent([dpa.LaplaceDpEvent(3.0), dpa.GaussianDpEvent(4.0),
+                                 dpa.RandomizedResponseDpEvent(0.5, 4)])
+    reference = rdp_privacy_accountant.RdpAccountant(
+        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE).compose(event)
+    assert acc.epsilon_spent(event, 1e-6, accountant="rdp") == math.nextafter(
+        reference.get_epsilon(1e-6), math.inf)
+    # and no more tightly than the PLD that "auto" uses
+    assert acc.epsilon_spent(event, 1e-6) <= acc.epsilon_spent(event, 1e-6, accountant="rdp")
+
+
+def test_batches_without_replacement_and_poisson_batches_in_one_ledger_are_refused():
+    mixed = dpa.ComposedDpEvent([WOR, POISSON])
+    with pytest.raises(ValueError, match="separate ledgers"):
+        acc.epsilon_spent(mixed, 1e-6)
+
+
+def test_calibration_goes_through_dp_accountings_search(monkeypatch):
+    from dp_accounting import mechanism_calibration
+
+    calls = []
+    real = mechanism_calibration.calibrate_dp_mechanism
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("discrete", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mechanism_calibration, "calibrate_dp_mechanism", spy)
+    z = acc.calibrate_noise_multiplier(lambda z: dpa.SelfComposedDpEvent(
+        dpa.GaussianDpEvent(z), 100), 1.0, 1e-6)
+    assert acc.epsilon_spent(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 100), 1e-6) <= 1.0
+    assert acc.epsilon_spent(dpa.SelfComposedDpEvent(
+        dpa.GaussianDpEvent(z * (1 - 1e-5)), 100), 1e-6) > 1.0
+    k = acc.max_iterations(POISSON, 1.0, 1e-6, exact=True)
+    assert acc.epsilon_spent(dpa.SelfComposedDpEvent(POISSON, k), 1e-6) <= 1.0
+    assert acc.epsilon_spent(dpa.SelfComposedDpEvent(POISSON, k + 1), 1e-6) > 1.0
+    assert calls.count(False) == 1 and calls.count(True) >= 1

@@ -151,7 +151,7 @@ def test_file_format(tmp_path):
     header, entry = (json.loads(line) for line in path.read_text("utf-8").splitlines())
     assert header["format"] == "numpyro-dp-ledger" and header["version"] == 1
     assert (header["delta"], header["neighbourhood"], header["accountant"],
-            header["epsilon"]) == (DELTA, "add_remove", "pld", 2.5)
+            header["epsilon"]) == (DELTA, "add_remove", "auto", 2.5)
     assert header["prev"] == "0" * 64 and entry["prev"] == header["hash"]
     assert entry["per_iteration"] == {"type": "GaussianDpEvent", "noise_multiplier": 32.0}
     assert entry["label"] == "first" and entry["time"].endswith("+00:00")
@@ -389,7 +389,7 @@ def test_a_killed_process_leaves_its_charge_exactly_once(tmp_path):
 def test_in_memory_ledgers_are_as_before():
     ledger = PrivacyLedger(DELTA)
     assert (ledger.neighbourhood, ledger.accountant, ledger.budget, ledger.path) == (
-        "substitute", "pld", None, None)
+        "substitute", "auto", None, None)
     entries = ledger.entries
     entries.append(gauss())  # a copy
     assert ledger.entries == [] and ledger.spent().epsilon == 0.0

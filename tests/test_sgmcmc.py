@@ -228,10 +228,23 @@ def test_bad_arguments_raise_clear_errors(bad, match):
         sgld(None, **bad)
 
 
-def test_accountant_that_cannot_charge_the_batching_is_refused():
-    with pytest.raises(ValueError, match="accountant='rdp'"):
-        ndp.PrivateMCMC(sgld(None, batching="without_replacement"), num_warmup=1,
-                        num_samples=1, delta=1e-5, accountant="pld")
+def test_pld_asked_for_batches_without_replacement_is_replaced_by_rdp_and_says_so():
+    kernel = ndp.DPSGLD(gaussian_model, step_size=1e-4, batch_size=20, grad_clip=2.0,
+                        batching="without_replacement")
+    with pytest.warns(ndp.AccountantWarning, match="reports accountant='rdp'"):
+        mcmc, _ = run(kernel, gaussian_data(200), 2, 2, num_chains=1, accountant="pld")
+    assert mcmc.privacy_spent().accountant == "rdp"
+
+
+@pytest.mark.parametrize("batching,other,used", [
+    ("without_replacement", "pld", "rdp"), ("poisson", "rdp", "pld"),
+])
+def test_auto_picks_the_accountant_that_can_charge_the_batching(batching, other, used):
+    kernel = sgld(None, batching=batching)
+    event = kernel.run_event(10, num_rows=200)
+    assert ndp.accounting.choose_accountant(event) == (used, None)
+    replaced = ndp.accounting.choose_accountant(event, other)
+    assert replaced.accountant == used and replaced.reason
 
 
 # -------------------------------------------------------------- statistics

@@ -1,6 +1,6 @@
 """DP Barker: minibatch Metropolis with a noisy Barker acceptance test.
 
-Heikkila et al. (2019), paper 003 s3.2; SPEC s4.  The Barker test accepts
+Heikkilä et al. (2019); Räisä (2020), s3.2.  The Barker test accepts
 theta' iff ``lambda + V_log > 0`` with ``V_log ~ Logistic(0, 1)`` and
 ``lambda`` the log target ratio.  DP Barker estimates ``lambda`` on a batch
 and lets the batch's own (CLT) noise stand in for part of the logistic noise.
@@ -16,7 +16,7 @@ Per iteration, from theta, with ``T = n0 / n``:
 
 Only the accept decision leaves the kernel; ``lambda``, ``sigma_b^2``, the
 ratios and how many of them were clipped stay inside ``sample_fn``.  The cost
-of one iteration is the per-step RDP of SPEC s4 amplified by sampling ``b`` of
+of one iteration is the per-step RDP of Heikkilä et al. (2019) amplified by sampling ``b`` of
 ``n`` rows without replacement (:mod:`numpyro_dp.rdp`); it depends on ``n``,
 ``b`` and the number of iterations only, so there is no noise to calibrate:
 the budget decides how many iterations (or how large a batch) a run affords,
@@ -88,7 +88,7 @@ def barker_decision(key: jax.Array, lam: jax.Array, var_b: jax.Array, correction
 def barker_clip(batch_size: int, n0: float, dtype) -> float:
     """Per-row clip of the ratios: ``sqrt(b) / n0``, less a rounding margin.
 
-    The privacy bound (SPEC s4) holds for rows clipped to ``sqrt(b) / n0`` in
+    The privacy bound (Heikkilä et al. 2019) holds for rows clipped to ``sqrt(b) / n0`` in
     exact arithmetic.  The batch mean and variance are computed from
     double-word sums, then rounded with a relative error below ``8 u``; clipping
     at ``(1 - 8 b u)`` of the bound keeps the computed statistics of two
@@ -100,7 +100,7 @@ def barker_clip(batch_size: int, n0: float, dtype) -> float:
 
 # ------------------------------------------------------------- accounting
 def barker_event(num_rows: int, batch_size: int) -> dpa.DpEvent:
-    """Privacy cost of one DP Barker iteration: the SPEC s4 step on a WOR batch."""
+    """Privacy cost of one DP Barker iteration: one Barker test on a WOR batch."""
     return dpa.SampledWithoutReplacementDpEvent(num_rows, batch_size, BarkerDpEvent(batch_size))
 
 
@@ -249,7 +249,7 @@ def dp_barker(
 
 
 class DPBarker(DPKernel):
-    """Differentially private minibatch Metropolis with the Barker test (SPEC s4).
+    """Differentially private minibatch Metropolis with the Barker test (Heikkilä et al. 2019).
 
     Parameters
     ----------
@@ -320,7 +320,7 @@ class DPBarker(DPKernel):
     def per_iteration_event(
         self, noise_multiplier: float | None = None, num_rows: int | None = None
     ) -> dpa.DpEvent:
-        """The SPEC s4 step amplified by sampling ``b`` of ``n`` rows without replacement."""
+        """One Barker test amplified by sampling ``b`` of ``n`` rows without replacement."""
         if noise_multiplier is not None:
             raise ValueError(
                 "DPBarker has no noise multiplier: its noise is fixed by the Barker "

@@ -270,7 +270,7 @@ class DPKernel(MCMCKernel):
         ``None`` to let :class:`~numpyro_dp.PrivateMCMC` calibrate it to an
         (epsilon, delta) budget.
     neighbourhood : {"substitute", "add_remove"}
-        Which data sets count as neighbours (SPEC s0).
+        Which data sets count as neighbours.
     temperature : float
         ``T`` in (0, 1]: every per-row log-likelihood is multiplied by it.
     data_plate : str, optional
@@ -282,8 +282,6 @@ class DPKernel(MCMCKernel):
     sample_field = "z"
     #: State fields that may leave the kernel (all post-processing of releases).
     private_safe_fields: tuple[str, ...] = ()
-    #: Accountants that can charge this kernel (see ``PrivateMCMC(accountant=)``).
-    accountants: tuple[str, ...] = ("pld", "rdp")
     #: False for kernels whose noise is fixed by their own parameters (batch size,
     #: step size): there is nothing to calibrate, and an epsilon is only a cap.
     calibrated_noise: bool = True

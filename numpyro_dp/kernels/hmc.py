@@ -1,6 +1,6 @@
 """DP-HMC: Hamiltonian Monte Carlo on noisy clipped gradients with a penalty test.
 
-Raisa, Koskela & Honkela (2021), paper 004 Algorithm 1; SPEC s5.  Per
+Räisä, Koskela & Honkela (2021), Algorithm 1.  Per
 iteration, from theta_0 with momentum p_0 ~ N(0, M):
 
 1. leapfrog with the noisy gradient
@@ -19,7 +19,7 @@ Privacy cost of one iteration: one Gaussian release with noise multiplier
 ``z_l`` and L + 1 with ``z_g`` (zCDP ``rho = 1/(2 z_l^2) + (L+1)/(2 z_g^2)``),
 declared by :meth:`DPHMC.per_iteration_event`.  If no log-likelihood ratio is
 clipped, the chain targets the exact tempered posterior whatever the gradient
-noise and clipping (paper 004 Thm 3.3): those only lower the acceptance rate.
+noise and clipping (Räisä, Koskela & Honkela 2021, Thm 3.3): those only lower the acceptance rate.
 
 Everything a state carries is a post-processing of the releases: the
 trajectory is a function of the released noisy gradients and the (public)
@@ -224,8 +224,9 @@ def dp_hmc(
             )
             return temperature * released + jax.grad(prior)(theta)
 
-        # Step-size jitter by a randomised Halton sequence (paper 004 s3): constant
-        # within a trajectory, so the invariant distribution is unchanged.
+        # Step-size jitter by a randomised Halton sequence (Räisä, Koskela & Honkela
+        # 2021, s3): constant within a trajectory, so the invariant distribution
+        # is unchanged.
         u = jnp.mod(van_der_corput(state.i + 1).astype(theta0.dtype) + state.halton_shift, 1.0)
         eta = a.step_size * (1.0 + step_size_jitter * (2.0 * u - 1.0))
 
@@ -311,7 +312,7 @@ class DPHMC(DPKernel):
         for the calibrated per-iteration multiplier ``z``.  The reference
         settings of the DP-HMC paper spend about 0.54 on the LLR.
     temperature, neighbourhood, data_plate :
-        As for every kernel (SPEC s0).
+        As for every kernel (:class:`~numpyro_dp.kernels.base.DPKernel`).
     inverse_mass_matrix : array, optional
         Initial inverse mass matrix over the flattened unconstrained parameters
         (1-D for diagonal, 2-D for dense).  By default the covariance of the

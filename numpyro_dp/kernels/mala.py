@@ -1,6 +1,6 @@
 """DP-MALA: a Langevin proposal on a noisy clipped gradient, then the penalty test.
 
-SPEC s6 (paper 003 s4.2).  Per iteration, from theta:
+Räisä (2020), s4.2.  Per iteration, from theta:
 
 1. release the noisy gradient
    ``g(theta) = T sum_i clip_{b_g}(grad l_i(theta)) + N(0, sigma_g^2 I) + grad log p(theta)``
@@ -51,7 +51,7 @@ class DPMALA(DPHMC):
         ``h = ||theta' - theta||``.  If no ratio is clipped the chain is exact.
         Omitted clips are chosen privately, as for :class:`~numpyro_dp.DPHMC`.
     proposal_variance_factor : float
-        ``a`` of SPEC s6: the proposal variance is ``a s^2`` (1 is plain MALA).
+        ``a`` of Räisä (2020, s4.2): the proposal variance is ``a s^2`` (1 is plain MALA).
         Larger ``a`` moves further for the same drift.
     noise_multiplier_grad, noise_multiplier_llr : float, optional
         ``z_g`` and ``z_l``.  Give both, or neither and let
@@ -60,7 +60,7 @@ class DPMALA(DPHMC):
         When calibrated: the fraction of each iteration's zCDP spent on the LLR
         release; the rest is split equally between the two gradient releases.
     temperature, neighbourhood, data_plate :
-        As for every kernel (SPEC s0).
+        As for every kernel (:class:`~numpyro_dp.kernels.base.DPKernel`).
     inverse_mass_matrix : array, optional
         Preconditioner ``M^-1`` over the flattened unconstrained parameters
         (1-D diagonal, 2-D dense); by default the warm start's Laplace

@@ -1,6 +1,6 @@
 """DP penalty: Metropolis-Hastings with a noisy, clipped log-likelihood ratio.
 
-Yildirim & Ermis (2019); SPEC s3.  Per iteration, from theta:
+Yildirim & Ermis (2019); Räisä (2020), s3.1.  Per iteration, from theta:
 
 1. propose theta' (random walk, one coordinate, or guided random walk);
    h = ||theta' - theta||_2;
@@ -14,7 +14,7 @@ Each iteration is one Gaussian release with noise multiplier ``z``
 tempered posterior despite the noise (the penalty method); clipping more than
 about 10-20% of the ratios biases it.
 
-With ``batch_size=b`` (SPEC s3.1, paper 003 s4.1) step 2 uses a batch B of
+With ``batch_size=b`` (Räisä 2020, s4.1) step 2 uses a batch B of
 ``b`` rows drawn without replacement: ``lambda* = (n T / b) sum_B clip_c(r_j)``
 and the CLT correction ``sigma_b^2 = (n T / b)^2 (sum_B r_j^2 - R_B^2 / b)``
 (clipped ratios); the release is ``lambda* - sigma_b^2 / 2 + N(0, sigma^2)``
@@ -113,12 +113,12 @@ class DPPenaltyState(NamedTuple):
 def batch_llr(
     ratio: jax.Array, clip: jax.Array, scale: float, sensitivity_factor: float
 ) -> tuple[jax.Array, jax.Array]:
-    """Subsampled LLR with the CLT correction (SPEC s3.1), and its sensitivity as computed.
+    """Subsampled LLR with the CLT correction (Räisä 2020, s4.1), and its sensitivity as computed.
 
     ``ratio`` holds the ``b`` ratios of a batch (clipped here to ``clip``),
     ``scale = n T / b``.  Returns ``lambda* - sigma_b^2 / 2`` (prior and
-    proposal terms excluded) and ``Delta_lambda + Delta_half_var`` of SPEC
-    s3.1 plus twice a bound on the floating-point error of the value: the batch
+    proposal terms excluded) and ``Delta_lambda + Delta_half_var`` (Räisä
+    2020, s4.1) plus twice a bound on the floating-point error of the value: the batch
     sums are double-word sums, the rest is charged ``10 u`` of each term's
     magnitude (about ``2 b u`` of the sensitivity: 1e-4 at ``b = 1000`` in
     float32).
@@ -309,7 +309,7 @@ class DPPenalty(DPKernel):
         ``z = sigma / Delta``; calibrated by :class:`~numpyro_dp.PrivateMCMC` when
         ``None``.
     temperature : float
-        Multiplies every per-row log-likelihood (SPEC s0).
+        Multiplies every per-row log-likelihood.
     neighbourhood : {"substitute", "add_remove"}
     data_plate : str, optional
     init_strategy : callable
@@ -329,7 +329,7 @@ class DPPenalty(DPKernel):
         Defaults to 0.234 (random walk) or 0.44 (one coordinate, guided).
     batch_size : int, optional
         ``b``: evaluate each test on ``b`` rows drawn without replacement
-        (SPEC s3.1) instead of all ``n``; accounted by RDP with the WBK
+        (Räisä 2020, s4.1) instead of all ``n``; accounted by RDP with the WBK
         amplification, ``"substitute"`` neighbourhood only.  The noise grows
         like ``n / b``, so use it with a temperature ``T`` of order ``n0 / n``.
 

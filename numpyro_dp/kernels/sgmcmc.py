@@ -1,7 +1,8 @@
 """Stochastic-gradient MCMC with differential privacy: DP-SGLD, DP-SGHMC, DP-SGNHT.
 
-SPEC s7; Welling & Teh (2011), Chen, Fox & Guestrin (2014), Ding et al. (2014);
-paper 004 s4.1, paper 001 chapters 3 and 5.  Every step draws a minibatch
+Welling & Teh (2011), Chen, Fox & Guestrin (2014), Ding et al. (2014);
+Räisä, Koskela & Honkela (2021, s4.1), and the SG-HMC thesis of
+docs/references.md (chapters 3 and 5).  Every step draws a minibatch
 ``B`` (Poisson with rate ``q = b / n``, or exactly ``b`` rows without
 replacement) and estimates the log-likelihood gradient by
 
@@ -17,7 +18,7 @@ bias of constant steps).  With ``Delta = 2`` (substitute) or ``1``
   ``z = sqrt(eta) / ((eta/2) T (n/b) Delta C)``;
 * DP-SGHMC: ``theta <- theta + eta p``;
   ``p <- p + eta (grad log p + G) - eta C_f p + N(0, 2 C_f eta I)``,
-  ``z = sqrt(2 C_f eta) / (eta T (n/b) Delta C)`` (SPEC s7 corrects paper 001's
+  ``z = sqrt(2 C_f eta) / (eta T (n/b) Delta C)`` (correcting the SG-HMC thesis's
   friction sign, noise scale and aggregate clipping; the update here carries
   the n/b factor and is charged with it);
 * DP-SGNHT: ``p <- p - xi eta p + eta (grad log p + G) + N(0, 2 A eta I)``;
@@ -309,8 +310,6 @@ class _StochasticGradientKernel(DPKernel):
                 "batching='poisson' for 'add_remove'."
             )
         self.batching = batching
-        # Poisson: dp-accounting's PLD (tight); without replacement: its RDP bound.
-        self.accountants = ("pld",) if batching == "poisson" else ("rdp",)
         if step_schedule not in SCHEDULES:
             raise ValueError(f"step_schedule={step_schedule!r}; use one of {SCHEDULES}.")
         self.step_schedule = step_schedule
@@ -446,14 +445,14 @@ _SG_PARAMETERS = """
         ``C``: every row's log-likelihood gradient is clipped to this l2 norm.
     batching : {"poisson", "without_replacement"}
         Poisson sampling with rate ``q = b / n`` (accounted by dp-accounting's
-        PLD, tight; use ``PrivateMCMC(accountant="pld")``), or exactly ``b``
-        rows without replacement (RDP bound of Wang, Balle & Kasiviswanathan;
-        ``accountant="rdp"``, substitute only).  Poisson gives the tighter
+        PLD, tight), or exactly ``b`` rows without replacement (RDP bound of
+        Wang, Balle & Kasiviswanathan, substitute only); the default
+        ``PrivateMCMC(accountant="auto")`` picks the accountant.  Poisson gives the tighter
         epsilon for the same noise.
     step_schedule : {"constant", "decreasing"}
         Constant ``eta`` or ``eta_t = step_size * t^(-1/3)``.
     temperature, neighbourhood, data_plate :
-        As for every kernel (SPEC s0).
+        As for every kernel (:class:`~numpyro_dp.kernels.base.DPKernel`).
     grad_route : {"auto", "jacobian", "linear_predictor"}
         How the clipped per-row gradient sum is computed (all exact).
     init_strategy : callable
@@ -491,7 +490,7 @@ class DPSGLD(_StochasticGradientKernel):
 
 
 class DPSGHMC(_StochasticGradientKernel):
-    __doc__ = """Differentially private stochastic-gradient HMC (Chen et al. 2014; SPEC s7).
+    __doc__ = """Differentially private stochastic-gradient HMC (Chen, Fox & Guestrin 2014).
 
     Per iteration the momentum is drawn afresh, ``p ~ N(0, I)``, then
     ``num_steps`` steps of ``theta <- theta + eta p;
@@ -532,7 +531,7 @@ class DPSGHMC(_StochasticGradientKernel):
 class DPSGNHT(_StochasticGradientKernel):
     __doc__ = """Differentially private stochastic-gradient Nose-Hoover thermostat (DP-SGNHT).
 
-    Ding et al. (2014), as compared in paper 004 s4.1.  Per step
+    Ding et al. (2014), as compared by Räisä, Koskela & Honkela (2021, s4.1).  Per step
     ``p <- p - xi eta p + eta (grad log p(theta) + G) + N(0, 2 A eta I)``,
     ``theta <- theta + eta p``, ``xi <- xi + eta (p^T p / d - 1)``; momentum
     and thermostat carry over between iterations.  Each step is one release
