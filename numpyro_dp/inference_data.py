@@ -28,6 +28,7 @@ import numpy as np
 import xarray  # a dependency of both ArviZ lines; xarray.DataTree in the annotations
 
 from numpyro_dp.mcmc import PrivateMCMC
+from numpyro_dp.numpyro_compat import has_draws
 
 __all__ = ["ARVIZ_HAS_INFERENCE_DATA", "to_datatree", "to_inference_data"]
 
@@ -88,14 +89,19 @@ def _private_safe_groups(
     """
     if not isinstance(mcmc, PrivateMCMC):
         raise TypeError(f"{caller} takes a numpyro_dp.PrivateMCMC")
-    if mcmc._states is None:
+    if not has_draws(mcmc):
         raise RuntimeError("Nothing to export: call mcmc.run(...) first.")
     posterior = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     safe = set(mcmc.sampler.private_safe_fields)
-    stats = {}
+    collected = {}
     for field, value in mcmc.get_extra_fields(group_by_chain=True).items():
-        if field in safe and getattr(value, "ndim", None) == 2:  # a scalar per draw
-            stats[_STAT_NAMES.get(field, field)] = np.asarray(value)
+        if field == "info":  # extra_fields=("info",): every field of the transitions
+            collected.update(value._asdict())
+        elif field in safe:
+            collected[field] = value
+    stats = {_STAT_NAMES.get(field, field): np.asarray(value)
+             for field, value in collected.items()
+             if getattr(value, "ndim", None) == 2}  # a scalar per draw
     spent = mcmc.privacy_spent()
     attrs = {
         "epsilon": spent.epsilon,

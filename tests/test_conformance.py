@@ -108,6 +108,21 @@ def releases_counter(made, gate):
     return wrapper
 
 
+def check_state_and_info(mcmc):
+    """The state carries the last transition's Info; each Info field reads on the
+    state; ``extra_fields=("info",)`` collects them; and what may leave the
+    kernel is exactly the State's and the Info's fields."""
+    state, kernel = mcmc.last_state, mcmc.sampler
+    assert isinstance(state.info, type(state).info_type)
+    assert kernel.private_safe_fields == type(state).published_fields
+    assert set(kernel.private_safe_fields) == set(state._fields) | set(state.info._fields)
+    for field in state.info._fields:
+        assert getattr(state, field) is getattr(state.info, field)
+    info = mcmc.get_extra_fields(group_by_chain=True)["info"]
+    assert info._fields == state.info._fields
+    assert all(v.shape[:2] == (4, 3) for v in info)
+
+
 def runner(name, nb, chains, method, **kwargs):
     make, _, accountant, _ = KERNELS[name]
     options = {"num_warmup": 2, "num_samples": 3, "delta": 1e-4, "progress_bar": False,
@@ -131,7 +146,8 @@ def test_releases_made_equal_releases_charged(data, releases, name):
     # 4 chains, vectorized: a run, then a continuation from post_warmup_state
     mcmc = runner(name, "substitute", 4, "vectorized")
     start = len(releases)
-    mcmc.run(key, X, y=y)
+    mcmc.run(key, X, y=y, extra_fields=("info",))
+    check_state_and_info(mcmc)
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(mcmc.post_warmup_state.rng_key, X, y=y)
     made = len(releases) - start

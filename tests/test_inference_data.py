@@ -36,7 +36,7 @@ def mcmc(data):
     runner = ndp.PrivateMCMC(kernel, num_warmup=10, num_samples=10, num_chains=2,
                              epsilon=1.0, delta=1e-5, progress_bar=False,
                              chain_method="vectorized", warm_start=0, check_mixing=False)
-    runner.run(jax.random.PRNGKey(0), X, y=y)
+    runner.run(jax.random.PRNGKey(0), X, y=y, extra_fields=("info",))  # every Info field
     return runner
 
 
@@ -60,7 +60,8 @@ def test_datatree_holds_posterior_sample_stats_and_the_ledger_only(mcmc, tree):
     assert w.dims == ("chain", "draw", "w_dim_0") and w.shape == (2, 10, 3)
     np.testing.assert_array_equal(w.values, np.asarray(mcmc.get_samples(group_by_chain=True)["w"]))
     stats = tree.sample_stats
-    assert set(stats.data_vars) == {"acceptance_rate", "accepted"}
+    # The default fields and, through extra_fields=("info",), every DPPenaltyInfo field.
+    assert set(stats.data_vars) == {"acceptance_rate", "accepted", "proposal_scale"}
     assert all(v.dims == ("chain", "draw") for v in stats.data_vars.values())
     spent = mcmc.privacy_spent()
     for attrs in (tree.attrs, tree.posterior.attrs):
@@ -127,7 +128,7 @@ def test_inference_data_on_arviz_0x_matches_the_datatree(mcmc):
     assert isinstance(idata, az.InferenceData)
     assert set(idata.groups()) == {"posterior", "sample_stats"}
     assert idata.posterior["w"].shape == (2, 10, 3)
-    assert set(idata.sample_stats.data_vars) == {"acceptance_rate", "accepted"}
+    assert set(idata.sample_stats.data_vars) == {"acceptance_rate", "accepted", "proposal_scale"}
     for name in PRIVACY_ATTRS:
         assert idata.attrs[name] == idata.posterior.attrs[name]
     assert list(az.summary(idata).index) == ["w[0]", "w[1]", "w[2]"]

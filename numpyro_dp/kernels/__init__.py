@@ -1,11 +1,11 @@
 """Differentially private MCMC kernels."""
 
-from numpyro_dp.kernels.barker import DPBarker, DPBarkerState, dp_barker
+from numpyro_dp.kernels.barker import DPBarker, DPBarkerInfo, DPBarkerState, dp_barker
 from numpyro_dp.kernels.base import DPKernel
-from numpyro_dp.kernels.hmc import DPHMC, DPHMCState, dp_hmc
+from numpyro_dp.kernels.hmc import DPHMC, DPHMCInfo, DPHMCState, dp_hmc
 from numpyro_dp.kernels.mala import DPMALA
-from numpyro_dp.kernels.penalty import DPPenalty, DPPenaltyState, dp_penalty
-from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT, DPSGState
+from numpyro_dp.kernels.penalty import DPPenalty, DPPenaltyInfo, DPPenaltyState, dp_penalty
+from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT, DPSGInfo, DPSGState
 
 __all__ = [
     "DPHMC",
@@ -14,11 +14,15 @@ __all__ = [
     "DPSGLD",
     "DPSGNHT",
     "DPBarker",
+    "DPBarkerInfo",
     "DPBarkerState",
+    "DPHMCInfo",
     "DPHMCState",
     "DPKernel",
     "DPPenalty",
+    "DPPenaltyInfo",
     "DPPenaltyState",
+    "DPSGInfo",
     "DPSGState",
     "dp_barker",
     "dp_hmc",

@@ -43,7 +43,13 @@ from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.accounting import check_budget, epsilon_spent, max_iterations
 from numpyro_dp.batching import sample_without_replacement
-from numpyro_dp.kernels.base import DPKernel, check_positive, clip_ratios, phase_mean
+from numpyro_dp.kernels.base import (
+    DPKernel,
+    carries_info,
+    check_positive,
+    clip_ratios,
+    phase_mean,
+)
 from numpyro_dp.model import PrivateModel
 from numpyro_dp.rdp import BarkerDpEvent
 from numpyro_dp.rounding import dw_sum, unit_roundoff
@@ -167,8 +173,25 @@ def check_batch_size(num_rows: int, batch_size: int) -> None:
 
 
 # --------------------------------------------------------------- kernel
+class DPBarkerInfo(NamedTuple):
+    """One DP Barker transition; safe to publish.
+
+    Attributes
+    ----------
+    accepted : bool
+        The released accept decision.  (The Barker acceptance probability is
+        a function of the exact lambda: it is never computed, so there is no
+        ``accept_prob``.)
+    """
+
+    accepted: jax.Array
+
+
+@carries_info(DPBarkerInfo)
 class DPBarkerState(NamedTuple):
     """State of :class:`DPBarker`; every field is safe to publish.
+
+    ``state.accepted`` is ``state.info.accepted``.
 
     Attributes
     ----------
@@ -176,19 +199,18 @@ class DPBarkerState(NamedTuple):
         Iteration counter (warm-up included).
     z : dict
         Current point in unconstrained space.
-    accepted : bool
-        The released accept decision.
-    mean_accept_prob : float
+    info : DPBarkerInfo
+        The last transition.
+    acceptance_rate : float
         Fraction of accepted proposals so far (reset after warm-up): a
-        post-processing of the decisions.  (The Barker acceptance probability
-        itself is a function of the exact lambda and is never computed.)
+        post-processing of the decisions.
     rng_key : jax.random key
     """
 
     i: jax.Array
     z: dict
-    accepted: jax.Array
-    mean_accept_prob: jax.Array
+    info: DPBarkerInfo
+    acceptance_rate: jax.Array
     rng_key: jax.Array
 
 
@@ -219,7 +241,8 @@ def dp_barker(
     def init_fn(init_params: dict, rng_key):
         theta = pm.ravel(init_params)
         zero = jnp.zeros((), theta.dtype)
-        return DPBarkerState(jnp.array(0), init_params, jnp.array(False), zero, rng_key)
+        return DPBarkerState(jnp.array(0), init_params, DPBarkerInfo(jnp.array(False)), zero,
+                             rng_key)
 
     def sample_fn(state: DPBarkerState, model_args: tuple, model_kwargs: dict, secret):
         rng_key, key_prop, key_batch, key_noise = random.split(state.rng_key, 4)
@@ -242,8 +265,8 @@ def dp_barker(
 
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         i = state.i
-        mean = phase_mean(state.mean_accept_prob, accepted, i, num_warmup)
-        return DPBarkerState(i + 1, z, accepted, mean, rng_key)
+        rate = phase_mean(state.acceptance_rate, accepted, i, num_warmup)
+        return DPBarkerState(i + 1, z, DPBarkerInfo(accepted), rate, rng_key)
 
     return init_fn, sample_fn
 
@@ -281,7 +304,7 @@ class DPBarker(DPKernel):
     doubles the cost of the row evaluations.
     """
 
-    private_safe_fields = DPBarkerState._fields
+    private_safe_fields = DPBarkerState.published_fields
     default_fields = ("z", "accepted")
     calibrated_noise = False
 
@@ -342,4 +365,4 @@ class DPBarker(DPKernel):
         )
 
     def get_diagnostics_str(self, state: Any) -> str:
-        return f"acc. rate={state.mean_accept_prob:.2f}"
+        return f"acc. rate={state.acceptance_rate:.2f}"

@@ -6,7 +6,16 @@ that additionally
 * declares the privacy cost of one iteration as a ``DpEvent``
   (:meth:`DPKernel.per_iteration_event`), next to its algorithm, so that
   sampling and accounting cannot drift apart;
-* lists the state fields that are safe to publish (:attr:`private_safe_fields`);
+* keeps its carry (``State``, what the next iteration needs) apart from the
+  diagnostics of the last transition (``Info``: the noisy acceptance
+  probability, the decision, divergence, step size), as BlackJAX does: the
+  state's ``info`` field holds the Info, and :func:`carries_info` makes each
+  Info field readable on the state, so NumPyro's ``extra_fields`` work as for
+  its own kernels;
+* is private-safe by construction: State and Info hold only released values
+  and their post-processing (never an exact log-density, gradient, clip count
+  or batch statistic), and :attr:`DPKernel.private_safe_fields` is exactly
+  their fields;
 * refuses to run unless a :class:`~numpyro_dp.PrivateMCMC` charges it.
 """
 
@@ -258,6 +267,32 @@ def warmup_adapter(
     return wa_init, update
 
 
+def carries_info(info_type: type) -> Callable[[type], type]:
+    """Class decorator of a kernel's State whose ``info`` field holds an ``info_type``.
+
+    Each Info field becomes a read-only attribute of the State
+    (``state.accept_prob`` is ``state.info.accept_prob``), so
+    ``extra_fields=("accept_prob",)`` reads the Info as NumPyro users expect;
+    ``published_fields`` lists the State's fields and the Info's.
+    """
+
+    def decorate(state_type: type) -> type:
+        clash = set(state_type._fields) & set(info_type._fields)
+        if "info" not in state_type._fields or clash:
+            raise TypeError(f"{state_type.__name__} needs an info field and no Info field "
+                            f"names of its own ({sorted(clash)})")
+        for name in info_type._fields:
+            setattr(state_type, name, property(
+                lambda state, name=name: getattr(state.info, name),
+                doc=f"``info.{name}`` of the last transition ({info_type.__name__}).",
+            ))
+        state_type.info_type = info_type
+        state_type.published_fields = state_type._fields + info_type._fields
+        return state_type
+
+    return decorate
+
+
 class DPKernel(MCMCKernel):
     """Base class of the differentially private kernels.
 
@@ -280,7 +315,8 @@ class DPKernel(MCMCKernel):
     """
 
     sample_field = "z"
-    #: State fields that may leave the kernel (all post-processing of releases).
+    #: What may leave the kernel: its State's and Info's fields (``published_fields``
+    #: of the State), all post-processing of releases.
     private_safe_fields: tuple[str, ...] = ()
     #: False for kernels whose noise is fixed by their own parameters (batch size,
     #: step size): there is nothing to calibrate, and an epsilon is only a cap.

@@ -46,6 +46,7 @@ from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
     ClipRequest,
     DPKernel,
+    carries_info,
     check_positive,
     penalty_test,
     phase_mean,
@@ -70,15 +71,11 @@ WARM_START_JITTER = 0.5
 MAX_DEFAULT_STEP_SIZE = 1.0
 
 
-class DPHMCState(NamedTuple):
-    """State of :class:`DPHMC`; every field is safe to publish.
+class DPHMCInfo(NamedTuple):
+    """One DP-HMC transition; every field is safe to publish.
 
     Attributes
     ----------
-    i : int
-        Iteration counter (warm-up included).
-    z : dict
-        Current point in unconstrained space.
     accept_prob : float
         Noisy acceptance probability ``min(1, exp(Delta_H - sigma_l^2 / 2))``.
     accepted : bool
@@ -86,12 +83,36 @@ class DPHMCState(NamedTuple):
     diverging : bool
         The trajectory left the finite numbers or the noisy energy error
         exceeded 1000 (computed from released values only).
-    mean_accept_prob : float
-        Running mean of ``accept_prob`` (reset after warm-up).
     step_size : float
         Step size used in this iteration (after jitter).
     num_steps : int
         Leapfrog steps per iteration (fixed: each one is a charged release).
+    """
+
+    accept_prob: jax.Array
+    accepted: jax.Array
+    diverging: jax.Array
+    step_size: jax.Array
+    num_steps: jax.Array
+
+
+@carries_info(DPHMCInfo)
+class DPHMCState(NamedTuple):
+    """State of :class:`DPHMC`; every field is safe to publish.
+
+    The fields of ``info`` (:class:`DPHMCInfo`) are readable on the state too:
+    ``state.accept_prob``, ``extra_fields=("accept_prob", "diverging")``.
+
+    Attributes
+    ----------
+    i : int
+        Iteration counter (warm-up included).
+    z : dict
+        Current point in unconstrained space.
+    info : DPHMCInfo
+        The last transition.
+    mean_accept_prob : float
+        Running mean of the noisy ``accept_prob`` (reset after warm-up).
     adapt_state : HMCAdaptState
         NumPyro's adaptation state (step size by dual averaging on the noisy
         acceptance probability, mass matrix from the chain's draws).
@@ -102,12 +123,8 @@ class DPHMCState(NamedTuple):
 
     i: jax.Array
     z: dict
-    accept_prob: jax.Array
-    accepted: jax.Array
-    diverging: jax.Array
+    info: DPHMCInfo
     mean_accept_prob: jax.Array
-    step_size: jax.Array
-    num_steps: jax.Array
     adapt_state: HMCAdaptState
     halton_shift: jax.Array
     rng_key: jax.Array
@@ -189,12 +206,9 @@ def dp_hmc(
         return DPHMCState(
             i=jnp.array(0),
             z=init_params,
-            accept_prob=zero,
-            accepted=jnp.array(False),
-            diverging=jnp.array(False),
+            info=DPHMCInfo(zero, jnp.array(False), jnp.array(False), adapt_state.step_size,
+                           jnp.array(num_steps)),
             mean_accept_prob=zero,
-            step_size=adapt_state.step_size,
-            num_steps=jnp.array(num_steps),
             adapt_state=adapt_state,
             halton_shift=random.uniform(key_shift, (), theta.dtype),
             rng_key=rng_key,
@@ -268,10 +282,9 @@ def dp_hmc(
                 a,
             )
         mean_accept_prob = phase_mean(state.mean_accept_prob, accept_prob, i, num_warmup)
-        return DPHMCState(
-            i + 1, pm.unravel(theta), accept_prob, accepted, diverging, mean_accept_prob,
-            eta, state.num_steps, a, state.halton_shift, rng_key,
-        )
+        info = DPHMCInfo(accept_prob, accepted, diverging, eta, state.info.num_steps)
+        return DPHMCState(i + 1, pm.unravel(theta), info, mean_accept_prob, a,
+                          state.halton_shift, rng_key)
 
     return init_fn, sample_fn
 
@@ -355,7 +368,7 @@ class DPHMC(DPKernel):
     the cost per iteration.
     """
 
-    private_safe_fields = DPHMCState._fields
+    private_safe_fields = DPHMCState.published_fields
     default_fields = ("z", "accept_prob", "accepted", "diverging")
     tunable = True
     #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).

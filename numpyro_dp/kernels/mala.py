@@ -87,7 +87,7 @@ class DPMALA(DPHMC):
     The state is a :class:`~numpyro_dp.DPHMCState` with ``num_steps = 1``:
     DP-MALA with ``a = 1`` is DP-HMC with one leapfrog step, and its privacy
     cost is that of DP-HMC with ``num_steps=1`` (two gradient releases and one
-    LLR release per iteration).  Paper 003's version, which adds the noise of
+    LLR release per iteration).  Räisä (2020)'s version, which adds the noise of
     the gradient release to the proposal itself and puts the data-dependent
     proposal ratio inside the noised ``lambda``, needs a larger LLR sensitivity
     and is not implemented.

@@ -45,6 +45,7 @@ from numpyro_dp.batching import sample_without_replacement
 from numpyro_dp.kernels.base import (
     ClipRequest,
     DPKernel,
+    carries_info,
     check_positive,
     clip_ratios,
     penalty_test,
@@ -72,8 +73,31 @@ LLR_CLIP_QUANTILE = 0.95
 MAX_DEFAULT_SCALE = 1.0
 
 
+class DPPenaltyInfo(NamedTuple):
+    """One DP penalty transition; every field is safe to publish.
+
+    Attributes
+    ----------
+    accept_prob : float
+        Noisy acceptance probability min(1, exp(lambda_hat - sigma^2 / 2)), a
+        post-processing of the Gaussian release.
+    accepted : bool
+        Whether the proposal was accepted.
+    proposal_scale : float
+        The proposal scale ``s`` after this transition's adaptation.
+    """
+
+    accept_prob: jax.Array
+    accepted: jax.Array
+    proposal_scale: jax.Array
+
+
+@carries_info(DPPenaltyInfo)
 class DPPenaltyState(NamedTuple):
     """State of :class:`DPPenalty`; every field is safe to publish.
+
+    The fields of ``info`` (:class:`DPPenaltyInfo`) are readable on the state
+    too: ``state.accept_prob``, ``extra_fields=("accept_prob",)``.
 
     Attributes
     ----------
@@ -81,15 +105,10 @@ class DPPenaltyState(NamedTuple):
         Iteration counter (warm-up included).
     z : dict
         Current point in unconstrained space.
-    accept_prob : float
-        Noisy acceptance probability min(1, exp(lambda_hat - sigma^2 / 2)), a
-        post-processing of the Gaussian release.
-    accepted : bool
-        Whether the proposal was accepted.
+    info : DPPenaltyInfo
+        The last transition.
     mean_accept_prob : float
-        Running mean of ``accept_prob`` (reset after warm-up).
-    proposal_scale : float
-        Current proposal scale ``s``.
+        Running mean of the noisy ``accept_prob`` (reset after warm-up).
     adapt_state : HMCAdaptState
         NumPyro's adaptation state: ``step_size`` is ``s`` and
         ``inverse_mass_matrix`` is the proposal covariance (both from draws
@@ -101,10 +120,8 @@ class DPPenaltyState(NamedTuple):
 
     i: jax.Array
     z: dict
-    accept_prob: jax.Array
-    accepted: jax.Array
+    info: DPPenaltyInfo
     mean_accept_prob: jax.Array
-    proposal_scale: jax.Array
     adapt_state: HMCAdaptState
     direction: jax.Array
     rng_key: jax.Array
@@ -204,10 +221,8 @@ def dp_penalty(
         return DPPenaltyState(
             i=jnp.array(0),
             z=init_params,
-            accept_prob=zero,
-            accepted=jnp.array(False),
+            info=DPPenaltyInfo(zero, jnp.array(False), adapt_state.step_size),
             mean_accept_prob=zero,
-            proposal_scale=adapt_state.step_size,
             adapt_state=adapt_state,
             direction=jnp.ones(dim, theta.dtype),
             rng_key=rng_key,
@@ -272,10 +287,8 @@ def dp_penalty(
                 adapt_state,
             )
         mean_accept_prob = phase_mean(state.mean_accept_prob, accept_prob, i, num_warmup)
-        return DPPenaltyState(
-            i + 1, z, accept_prob, accepted, mean_accept_prob,
-            adapt_state.step_size, adapt_state, direction, rng_key,
-        )
+        info = DPPenaltyInfo(accept_prob, accepted, adapt_state.step_size)
+        return DPPenaltyState(i + 1, z, info, mean_accept_prob, adapt_state, direction, rng_key)
 
     return init_fn, sample_fn
 
@@ -342,7 +355,7 @@ class DPPenalty(DPKernel):
     on the precision: clipping bounds every row's contribution in either case.
     """
 
-    private_safe_fields = DPPenaltyState._fields
+    private_safe_fields = DPPenaltyState.published_fields
     default_fields = ("z", "accept_prob", "accepted")
     tunable = True
 

@@ -50,6 +50,7 @@ from numpyro_dp.batching import poisson_batch, poisson_buffer_size, sample_witho
 from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
     DPKernel,
+    carries_info,
     check_positive,
     clipped_sum_sensitivity,
     release_sum_with_noise,
@@ -68,8 +69,23 @@ Z_GRID_RATIO = 1.01
 Z_ROUNDING_MARGIN = 1e-5
 
 
+class DPSGInfo(NamedTuple):
+    """One iteration of a stochastic-gradient kernel; safe to publish.
+
+    Attributes
+    ----------
+    step_size : float
+        Step size ``eta_t`` of the iteration (public: the schedule's).
+    """
+
+    step_size: jax.Array
+
+
+@carries_info(DPSGInfo)
 class DPSGState(NamedTuple):
     """State of the stochastic-gradient kernels; every field is safe to publish.
+
+    ``state.step_size`` is ``state.info.step_size``.
 
     Attributes
     ----------
@@ -77,20 +93,20 @@ class DPSGState(NamedTuple):
         Iteration counter (warm-up included); iteration ``t = i + 1`` is next.
     z : dict
         Current point in unconstrained space.
+    info : DPSGInfo
+        The last iteration.
     momentum : array
         Momentum after the last step (zeros for DP-SGLD).
     thermostat : float
         Nose-Hoover thermostat ``xi`` (DP-SGNHT; 0 otherwise).
-    step_size : float
-        Step size ``eta_t`` of the last iteration.
     rng_key : jax.random key
     """
 
     i: jax.Array
     z: dict
+    info: DPSGInfo
     momentum: jax.Array
     thermostat: jax.Array
-    step_size: jax.Array
     rng_key: jax.Array
 
 
@@ -183,8 +199,8 @@ def _sg_core(
         rng_key, key_p = random.split(rng_key)
         p = random.normal(key_p, (dim,), theta.dtype) if thermostat else jnp.zeros(dim, theta.dtype)
         return DPSGState(
-            jnp.array(0), init_params, p, jnp.asarray(thermostat, theta.dtype),
-            jnp.asarray(step_size, theta.dtype), rng_key,
+            jnp.array(0), init_params, DPSGInfo(jnp.asarray(step_size, theta.dtype)), p,
+            jnp.asarray(thermostat, theta.dtype), rng_key,
         )
 
     def sample_fn(state: DPSGState, model_args: tuple, model_kwargs: dict, secret) -> DPSGState:
@@ -208,7 +224,7 @@ def _sg_core(
             return move(*carry, eta, keys[s], grad, prior_grad)
 
         theta, p, xi = lax.fori_loop(0, num_steps, step, (theta, p, state.thermostat))
-        return DPSGState(state.i + 1, pm.unravel(theta), p, xi, eta, rng_key)
+        return DPSGState(state.i + 1, pm.unravel(theta), DPSGInfo(eta), p, xi, rng_key)
 
     return init_fn, sample_fn
 
@@ -268,7 +284,7 @@ def dp_sgnht(private_model: PrivateModel, *, step_size, schedule, num_steps, dif
 class _StochasticGradientKernel(DPKernel):
     """What DPSGLD, DPSGHMC and DPSGNHT share: batching, schedule, accounting."""
 
-    private_safe_fields = DPSGState._fields
+    private_safe_fields = DPSGState.published_fields
     default_fields = ("z",)
     calibrated_noise = False
     num_steps = 1
@@ -507,7 +523,7 @@ class DPSGHMC(_StochasticGradientKernel):
     -----
     Approximate (no accept step): with a constant step size the stationary
     variance of a Gaussian posterior exceeds the exact one (the tests compute
-    it from the linear recursion).  Paper 001's version has the friction sign,
+    it from the linear recursion).  The SG-HMC thesis's version has the friction sign,
     the noise scale and the clipping wrong, and charges the release without the
     ``n/b`` factor that its update applies; this kernel charges the update it
     performs.
