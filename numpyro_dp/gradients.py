@@ -129,24 +129,9 @@ def _masked(weights: jax.Array, mask: jax.Array | None) -> jax.Array:
 ROW_BLOCK = 65536
 
 
-def _one_row_loglik(pm: PrivateModel, model_args, model_kwargs):
-    """``(loglik(theta, row), rows)``: one row's log-likelihood and the row arrays.
-
-    As in :meth:`PrivateModel.log_density_terms`, the model sees the row alone.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-    rows = [leaves[i] for i in pm._row_leaf_index]
-
-    def loglik(t, row):
-        args, kwargs = pm._with_rows(leaves, treedef, [x[None] for x in row])
-        return pm._split(pm.unravel(t), args, kwargs)[1][0]
-
-    return loglik, rows
-
-
 def _jacobian_route(pm: PrivateModel) -> Callable:
     def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
-        loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+        loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
         rows = [jnp.asarray(x) if idx is None else jnp.asarray(x)[idx] for x in rows]
         n = rows[0].shape[0]
         mask = jnp.ones(n, bool) if mask is None else mask
@@ -430,7 +415,7 @@ def _admissible(c: _Cut, d: int) -> bool:
 
 def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs) -> _Plan:
     """Analyse one row's program (abstract rows: no data value is read)."""
-    one_row, rows = _one_row_loglik(pm, model_args, model_kwargs)
+    one_row, rows = pm.one_row_loglik(model_args, model_kwargs)
 
     d = int(np.prod(theta_shape, dtype=np.int64))
     row_avals = [
@@ -569,7 +554,7 @@ def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
         _check_forced(plan, route)
         if plan.choice.route == "jacobian":
             return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask, levels)
-        rows = [jnp.asarray(x) for x in _one_row_loglik(pm, model_args, model_kwargs)[1]]
+        rows = [jnp.asarray(x) for x in pm.one_row_loglik(model_args, model_kwargs)[1]]
         if idx is not None:
             rows = [x[idx] for x in rows]
         if route == "linear_predictor":
@@ -658,7 +643,7 @@ def row_gradient_scales(
     ``theta = L phi``).  Private values, for a DP quantile only
     (:mod:`numpyro_dp.tuning`).
     """
-    loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+    loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
 
     def block_scales(block_rows):
         jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
@@ -697,7 +682,7 @@ def clipped_grad_and_hessian_sums(
     ``hessian_clip=None`` no Hessian is computed and its sum is zeros.
     Private values: for the private warm start's releases only.
     """
-    loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+    loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
     rows = [jnp.asarray(x) for x in rows]
     n, d, dtype = rows[0].shape[0], theta.shape[0], theta.dtype
     bound = vector_clip_bound(clip, d, dtype)
@@ -742,7 +727,7 @@ def row_hessian_norms(
 ) -> jax.Array:
     """``||hess l_i(theta)||_F`` per row, or ``||L^T hess l_i L||_F`` with ``whiten``
     a matrix ``L`` (private: for a DP quantile only)."""
-    loglik, rows = _one_row_loglik(pm, model_args, model_kwargs)
+    loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
 
     def block_norms(block_rows):
         hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)

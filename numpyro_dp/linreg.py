@@ -235,7 +235,7 @@ class LinRegPrior(NamedTuple):
 
     @classmethod
     def default(cls, d: int) -> LinRegPrior:
-        """Paper 002 s7.2: a = 20, b = 0.5, m = 0, C = (a - 1) / b I, IW(I, d + 1)."""
+        """Alparslan (2023), s7.2: a = 20, b = 0.5, m = 0, C = (a - 1) / b I, IW(I, d + 1)."""
         a, b = 20.0, 0.5
         return cls(np.zeros(d), (a - 1) / b * np.eye(d), a, b, np.eye(d), d + 1.0)
 

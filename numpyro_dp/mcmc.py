@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 from collections.abc import Callable
 
@@ -11,7 +10,6 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import pmap
 from numpyro.infer import MCMC
 from numpyro.util import is_prng_key
 
@@ -27,6 +25,12 @@ from numpyro_dp.kernels.base import DPKernel, RunInputs
 from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
 from numpyro_dp.model import tabular_to_numpy
+from numpyro_dp.numpyro_compat import (
+    collection_params,
+    guard_data,
+    parallel_with_arguments,
+    warmup_state,
+)
 from numpyro_dp.planner import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
 from numpyro_dp.secret import run_secret
 from numpyro_dp.tuning import (
@@ -130,26 +134,7 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def _parallel_with_arguments(map_fn: functools.partial) -> Callable:
-    """NumPyro's ``chain_method="parallel"`` with the model arguments as ``pmap`` inputs.
-
-    NumPyro pmaps a ``functools.partial`` that closes over the arguments, which
-    would make the private rows and the run secret constants of the compiled
-    program (and of JAX's persistent compilation cache).  Here they are
-    broadcast inputs instead.
-    """
-    keywords = dict(map_fn.keywords)
-    args, kwargs = keywords.pop("args"), keywords.pop("kwargs")
-
-    def chains(map_args):
-        def one(map_arg, a, kw):
-            return map_fn.func(map_arg, args=a, kwargs=kw, **keywords)
-
-        return pmap(one, in_axes=(0, None, None))(map_args, args, kwargs)
-
-    return chains
-
-
+@guard_data(lambda: PrivateDataError(_NO_DATA))
 class PrivateMCMC(MCMC):
     """Run a differentially private kernel under a privacy budget.
 
@@ -381,27 +366,6 @@ class PrivateMCMC(MCMC):
             PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
         )
 
-    # ---------------------------------------------------- no data after a run
-    @property
-    def _args(self):
-        if self._data is None:
-            raise PrivateDataError(_NO_DATA)
-        return self._data[0]
-
-    @_args.setter
-    def _args(self, value):
-        self._data = (value, {} if self._data is None else self._data[1])
-
-    @property
-    def _kwargs(self):
-        if self._data is None:
-            raise PrivateDataError(_NO_DATA)
-        return self._data[1]
-
-    @_kwargs.setter
-    def _kwargs(self, value):
-        self._data = ((), value) if self._data is None else (self._data[0], value)
-
     # ----------------------------------------------------------- accounting
     @property
     def ledger(self) -> PrivacyLedger:
@@ -410,9 +374,9 @@ class PrivateMCMC(MCMC):
 
     def _iterations_this_call(self) -> tuple[int, str]:
         """Iterations per chain that the coming ``MCMC.run`` will perform."""
-        if self._warmup_state is not None:
+        if warmup_state(self) is not None:
             return self.num_samples, "sample"
-        params = self._collection_params
+        params = collection_params(self)
         phase = params["phase"] or ("warmup+sample" if self.num_warmup else "sample")
         return params["upper"], phase
 
@@ -422,7 +386,7 @@ class PrivateMCMC(MCMC):
         A ``warmup()`` call is calibrated for warm-up and sampling together, so
         that the ``run()`` that follows fits what is left.
         """
-        if self._warmup_state is not None:
+        if warmup_state(self) is not None:
             return self.num_samples
         return self.num_warmup + self.num_samples
 
@@ -432,7 +396,7 @@ class PrivateMCMC(MCMC):
         A continuation from ``post_warmup_state`` resumes the kernel's counter
         ``i``; the smallest over chains is used (costs only fall over time).
         """
-        i = getattr(self._warmup_state, "i", None)
+        i = getattr(warmup_state(self), "i", None)
         return 0 if i is None else int(np.min(np.asarray(i)))
 
     def _calibrated_noise(
@@ -541,7 +505,7 @@ class PrivateMCMC(MCMC):
     def _tuning_plan(self, init_params) -> TuningPlan | None:
         """The tuning releases this call needs (None: none), from public facts only."""
         kernel = self.sampler
-        if self._warmup_state is not None:
+        if warmup_state(self) is not None:
             return None
         requests = kernel.clip_requests()
         share = self._warm_start_share()
@@ -695,7 +659,7 @@ class PrivateMCMC(MCMC):
                 )
 
     def _check_post_warmup_state(self) -> None:
-        state = self._warmup_state
+        state = warmup_state(self)
         if state is None:
             return
         lead = (self.num_chains,) if self.num_chains > 1 else ()
@@ -741,11 +705,11 @@ class PrivateMCMC(MCMC):
         inputs = RunInputs(pm.private_inputs(args, kwargs), jnp.asarray(secret))
         if tuning is not None:
             self._tune(tuning, rng_key, pm, args, kwargs, inputs)
-        if init_params is None and self._warmup_state is None and self.tuning is not None:
+        if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         chain_method = self.chain_method
         if chain_method == "parallel" and self.num_chains > 1:
-            self.chain_method = _parallel_with_arguments
+            self.chain_method = parallel_with_arguments
         try:
             with kernel.armed(self):
                 super().run(rng_key, inputs, extra_fields=extra_fields, init_params=init_params)

@@ -555,6 +555,23 @@ class PrivateModel:
         and the public arguments given at construction."""
         return self._with_rows(self._public_leaves, self._treedef, rows)
 
+    def one_row_loglik(self, model_args: tuple, model_kwargs: dict) -> tuple[Callable, list]:
+        """``(loglik(theta, row), rows)``: one row's log-likelihood and the row arrays.
+
+        ``theta`` is the flat unconstrained parameter vector and ``row`` one
+        entry of each row array; as in :meth:`log_density_terms`, the model
+        sees the row alone (a batch of one).  What per-row gradient routes
+        differentiate.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        rows = [leaves[i] for i in self._row_leaf_index]
+
+        def loglik(theta, row):
+            args, kwargs = self._with_rows(leaves, treedef, [x[None] for x in row])
+            return self._split(self.unravel(theta), args, kwargs)[1][0]
+
+        return loglik, rows
+
     # ------------------------------------------------------------- evaluation
     def _with_rows(self, leaves, treedef, row_leaves):
         leaves = list(leaves)

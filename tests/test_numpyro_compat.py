@@ -1,0 +1,73 @@
+"""NumPyro's internals that numpyro_dp.numpyro_compat relies on, checked on the installed NumPyro.
+
+If one of these fails after a NumPyro upgrade, numpyro_compat is the one
+module to adapt; PrivateMCMC's privacy (no data after a run, every iteration
+charged) depends on it.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS
+
+from numpyro_dp import numpyro_compat
+
+
+def model(x):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=x)
+
+
+X = np.linspace(-1.0, 1.0, 20)
+
+
+def test_mcmc_keeps_what_the_compat_module_reads():
+    mcmc = MCMC(NUTS(model), num_warmup=5, num_samples=5, progress_bar=False)
+    assert numpyro_compat.warmup_state(mcmc) is None
+    assert not numpyro_compat.has_draws(mcmc)
+    mcmc.warmup(jax.random.PRNGKey(0), X)
+    assert numpyro_compat.warmup_state(mcmc) is not None
+    params = numpyro_compat.collection_params(mcmc)
+    assert {"phase", "upper"} <= set(params)
+    mcmc.run(jax.random.PRNGKey(1), X)
+    assert numpyro_compat.has_draws(mcmc)
+    # The model arguments of a run are where guard_data shadows them.
+    for name in numpyro_compat.DATA_ATTRIBUTES:
+        assert hasattr(mcmc, name)
+    assert mcmc._args[0] is X
+
+
+def test_parallel_chain_method_receives_a_partial_over_the_arguments():
+    seen = []
+
+    def chain_method(map_fn):  # what parallel_with_arguments is handed, mapped by vmap here
+        seen.append(map_fn)
+        return jax.vmap(map_fn)
+
+    mcmc = MCMC(NUTS(model), num_warmup=5, num_samples=5, num_chains=2,
+                chain_method=chain_method, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X)
+    assert isinstance(seen[0], functools.partial)
+    assert {"args", "kwargs"} <= set(seen[0].keywords)
+    assert mcmc.get_samples(group_by_chain=True)["mu"].shape == (2, 5)
+
+
+def test_guard_data_refuses_to_read_outside_a_run():
+    @numpyro_compat.guard_data(lambda: RuntimeError("no data here"))
+    class Guarded:
+        _data = None
+
+    g = Guarded()
+    with pytest.raises(RuntimeError, match="no data here"):
+        _ = g._args
+    g._args = (1, 2)
+    g._kwargs = {"y": 3}
+    assert (g._args, g._kwargs) == ((1, 2), {"y": 3})
+    g._data = None
+    with pytest.raises(RuntimeError):
+        _ = g._kwargs
