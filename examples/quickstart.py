@@ -122,7 +122,7 @@ print("=" * 72)
 print(f"DP penalty kernel: n={N}, d={D}, ||x_i|| <= {B}, llr_clip={LLR_CLIP}")
 print(
     f"{NUM_CHAINS} chains x ({NUM_WARMUP} warm-up + {NUM_SAMPLES}) iterations, "
-    f"noise multiplier z={kernel.noise_multiplier:.1f} (planned {z:.1f}), "
+    f"noise multiplier z={mcmc.sampler.noise_multiplier:.1f} (planned {z:.1f}), "
     f"proposal_scale={proposal_scale:.3g}, {t_dp:.1f} s"
 )
 spent = mcmc.privacy_spent()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -146,7 +147,12 @@ class PrivateMCMC(MCMC):
     Parameters
     ----------
     sampler : DPKernel
-        A kernel of this library (``DPPenalty``, ...).
+        A kernel of this library (``DPPenalty``, ...).  The runner works on a
+        copy: the noise multiplier it calibrates and the clips and
+        preconditioner it chooses privately make a calibrated copy
+        (:meth:`DPKernel.calibrated`), which is ``mcmc.sampler``; the kernel
+        you pass keeps the configuration you gave it (and is bound to this
+        runner once it has charged something).
     num_warmup, num_samples, num_chains, thinning, chain_method, progress_bar,
     postprocess_fn :
         As in :class:`numpyro.infer.MCMC`.  Thinning does not reduce the cost.
@@ -340,8 +346,9 @@ class PrivateMCMC(MCMC):
                 f"{WARM_START_STAGES} (the warm start's stages, each choosing its clips)."
             )
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
+        self._kernel_built = sampler  # the user's kernel: bound to this runner, never changed
         super().__init__(
-            sampler,
+            copy.copy(sampler),  # what calibration and tuning replace (DPKernel.calibrated)
             num_warmup=num_warmup,
             num_samples=num_samples,
             num_chains=num_chains,
@@ -563,10 +570,10 @@ class PrivateMCMC(MCMC):
                 self._ledger.charge(e, budget=self.epsilon)
         except PrivacyBudgetError as err:  # another process charged in the meantime
             raise self._over_budget(iterations, start, z, self._ledger.epsilon([entry])) from err
-        # Bound only once something is charged: a refused run leaves the kernel free.
-        kernel._charged_by = self
         if calibrated is not None:
-            kernel.noise_multiplier = calibrated
+            self.sampler = kernel.calibrated(noise_multiplier=calibrated)
+        # Bound only once something is charged: a refused run leaves the kernel free.
+        self._kernel_built._charged_by = self.sampler._charged_by = self
 
     def plan(self, *model_args, num_rows: int | None = None, **model_kwargs) -> RunPlan:
         """What :meth:`run` would cost now, computed from public facts only.
@@ -707,6 +714,7 @@ class PrivateMCMC(MCMC):
             self._tune(tuning, rng_key, pm, args, kwargs, inputs)
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
+        kernel = self.sampler  # calibration and tuning replace it with a calibrated copy
         chain_method = self.chain_method
         if chain_method == "parallel" and self.num_chains > 1:
             self.chain_method = parallel_with_arguments
@@ -736,13 +744,11 @@ class PrivateMCMC(MCMC):
             neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,
             sampler_noise_multiplier=kernel.noise_multiplier,
         )
-        kernel.set_clips(result.clips)
         if result.start is None and self.tuning is not None:  # keep an earlier warm start
             result = dataclasses.replace(result, start=self.tuning.start,
                                          dispersion=self.tuning.dispersion,
                                          covariance=self.tuning.covariance)
-        if result.covariance is not None:
-            kernel.set_preconditioner(result.covariance)
+        self.sampler = kernel.calibrated(clips=result.clips, preconditioner=result.covariance)
         self.tuning = result
 
     def _chain_starts(self, rng_key) -> dict | None:

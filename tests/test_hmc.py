@@ -417,6 +417,8 @@ def test_runner_calibration_splits_the_budget(logistic_data):
                        llr_budget_fraction=fraction, init_strategy=init_to_median)
     assert kernel.noise_multiplier is None
     mcmc = run(kernel, X, y=y, num_warmup=5, num_samples=10, num_chains=2, epsilon=4.0)
+    assert kernel.noise_multiplier is None  # the runner calibrated a copy of it
+    kernel = mcmc.sampler
     z = kernel.noise_multiplier
     z_g, z_l = kernel.noise_multipliers()
     assert (z_g, z_l) == split_noise_multiplier(z, L, fraction)

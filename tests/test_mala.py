@@ -141,8 +141,8 @@ def test_calibration_to_a_budget(logistic_data):
     mcmc = run(kernel, X, y=y, num_warmup=10, num_samples=20, num_chains=2, epsilon=2.0)
     spent = mcmc.privacy_spent()
     assert 2.0 - 1e-2 <= spent.epsilon <= 2.0
-    z_g, z_l = kernel.noise_multipliers()
-    np.testing.assert_allclose(1 / z_l**2 + 2 / z_g**2, 1 / kernel.noise_multiplier**2)
+    z_g, z_l = mcmc.sampler.noise_multipliers()
+    np.testing.assert_allclose(1 / z_l**2 + 2 / z_g**2, 1 / mcmc.sampler.noise_multiplier**2)
     assert spent.num_releases == 2 * 30 * 3
     state = mcmc.last_state
     assert set(state._fields) <= set(ndp.DPMALA.private_safe_fields)

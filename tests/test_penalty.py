@@ -119,6 +119,7 @@ def test_real_noise_without_clipping_is_exact_vs_nuts():
     X, y = make_logistic_data(2000, 3)
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05)
     mcmc = run(kernel, X, y=y, epsilon=20.0, num_warmup=1500, num_samples=6000)
+    kernel = mcmc.sampler  # calibrated
     assert kernel.noise_multiplier > 20  # the noise is not negligible
     sigma_over_h = kernel.noise_multiplier * 2 * kernel.llr_clip
     accept = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))

@@ -69,7 +69,7 @@ def test_calibrated_run_is_charged_with_wbk_amplification():
                            warm_start=0)
     mcmc.run(jax.random.PRNGKey(0), x)
     spent = mcmc.privacy_spent()
-    z = kernel.noise_multiplier
+    z = mcmc.sampler.noise_multiplier
     event = dpa.SelfComposedDpEvent(
         dpa.SampledWithoutReplacementDpEvent(n, b, dpa.GaussianDpEvent(z)), 200)
     assert spent.epsilon == epsilon_spent(event, 1e-6) and 0.99 < spent.epsilon <= 1.0

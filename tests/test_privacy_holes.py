@@ -81,6 +81,7 @@ def test_2_plain_numpyro_mcmc_cannot_run_a_calibrated_kernel(data):
     kernel = penalty()
     mcmc = runner(kernel, epsilon=1.0)
     mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    kernel = mcmc.sampler
     assert kernel.noise_multiplier is not None  # calibrated, and sampled once
     plain = numpyro.infer.MCMC(kernel, num_warmup=0, num_samples=5000, progress_bar=False)
     with pytest.raises(RuntimeError, match="PrivateMCMC"):

@@ -182,7 +182,8 @@ def test_default_run_selects_clips_and_warm_starts_within_budget(data):
     assert share in (tuning.WARM_START_SHARE, ndp.planner.STUCK_WARM_START_SHARE)
     assert alone(ledger[:2]) <= (share + tuning.CLIP_SELECTION_SHARE) * 2.0
     assert 2.0 - 1e-2 <= mcmc.privacy_spent().epsilon <= 2.0
-    assert kernel.llr_clip == mcmc.tuning.clips["llr_clip"] > 0
+    assert mcmc.sampler.llr_clip == mcmc.tuning.clips["llr_clip"] > 0
+    assert kernel.llr_clip is None  # the kernel as built: the runner runs a calibrated copy
     # The chains start around the warm start (different points, near it).
     starts = mcmc.get_samples(group_by_chain=True)["w"][:, 0]
     assert not np.allclose(starts[0], starts[1])
@@ -200,8 +201,8 @@ def test_second_run_tunes_nothing(data):
     assert set(mcmc.tuning.clips) == {"grad_clip", "llr_clip"}
     assert mcmc.tuning.warm_start_clip > 0
     # The kernel's clips are the released ones; its step size comes from the noise.
-    assert kernel.grad_clip == mcmc.tuning.clips["grad_clip"]
-    assert 0 < kernel.initial_step_size() <= 1.0
+    assert mcmc.sampler.grad_clip == mcmc.tuning.clips["grad_clip"]
+    assert 0 < mcmc.sampler.initial_step_size() <= 1.0
     with pytest.raises(ndp.PrivacyBudgetError):  # the budget is spent...
         mcmc.run(jax.random.PRNGKey(1), X, y)
     assert [e.phase for e in mcmc.privacy_spent().ledger] == phases  # ...and nothing tuned
@@ -275,7 +276,7 @@ def test_planner_noise_matches_the_runner(data):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=10, num_samples=10, num_chains=2, epsilon=3.0,
                            delta=DELTA, progress_bar=False, check_mixing=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
-    np.testing.assert_allclose(plan.noise_multiplier, kernel.noise_multiplier, rtol=1e-4)
+    np.testing.assert_allclose(plan.noise_multiplier, mcmc.sampler.noise_multiplier, rtol=1e-4)
 
 
 def test_planner_counts_the_warm_start_for_bounded_observations_only():

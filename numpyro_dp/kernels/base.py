@@ -22,6 +22,7 @@ that additionally
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
@@ -413,14 +414,42 @@ class DPKernel(MCMCKernel):
         """A stated per-row gradient clip the warm start can use (None: choose one)."""
         return None
 
-    def set_clips(self, clips: dict[str, float]) -> None:
-        """Adopt privately chosen clips (public: post-processing of a charged release)."""
-        for name, value in clips.items():
-            setattr(self, name, check_positive(name, value, "it is a clip bound."))
+    def calibrated(
+        self,
+        *,
+        noise_multiplier: float | None = None,
+        clips: dict[str, float] | None = None,
+        preconditioner=None,
+    ) -> DPKernel:
+        """A copy of this kernel with what a runner calibrated or chose; this one is unchanged.
 
-    def set_preconditioner(self, covariance) -> None:
-        """Adopt the warm start's Laplace covariance (public: post-processing of releases)."""
-        self._preconditioner = np.asarray(covariance)
+        :class:`~numpyro_dp.PrivateMCMC` runs such copies (``mcmc.sampler``),
+        as jax_privacy returns a calibrated copy of a configuration: the kernel
+        a user built keeps the configuration they gave it.  All three are
+        public: the noise multiplier is calibrated from public facts, the clips
+        and the warm start's Laplace covariance are post-processing of charged
+        releases.
+
+        Parameters
+        ----------
+        noise_multiplier : float, optional
+            The calibrated ``z``.
+        clips : dict, optional
+            Privately chosen clips by attribute name (``llr_clip``, ``grad_clip``).
+        preconditioner : array, optional
+            The warm start's Laplace covariance (the initial mass matrix or
+            proposal covariance where none was stated).
+        """
+        new = copy.copy(self)
+        if noise_multiplier is not None:
+            new.noise_multiplier = check_positive(
+                "noise_multiplier", noise_multiplier, "it scales the noise.")
+        for name, value in (clips or {}).items():
+            setattr(new, name, check_positive(name, value, "it is a clip bound."))
+        if preconditioner is not None:
+            new._preconditioner = np.asarray(preconditioner)
+        new._sample_fn = None  # built afresh for the new configuration
+        return new
 
     def _metric(self, dense: bool | None, adapt: bool | None, stated, name: str, dtype):
         """``(dense, adapt, inverse)``: the initial mass matrix (or proposal covariance).
