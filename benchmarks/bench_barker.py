@@ -42,8 +42,8 @@ sys.path.insert(0, "tests")
 from test_barker import mixture_model  # noqa: E402
 
 from numpyro_dp.kernels.barker import dp_barker  # noqa: E402
-from numpyro_dp.model import PrivateModel  # noqa: E402
-from numpyro_dp.secret import draw_secret  # noqa: E402
+from numpyro_dp.model.adapter import PrivateModel  # noqa: E402
+from numpyro_dp.primitives.secret import draw_secret  # noqa: E402
 
 SIZES = (10**5, 10**6, 10**7)
 BATCH = 1000

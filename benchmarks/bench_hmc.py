@@ -75,10 +75,10 @@ def _worker(args: argparse.Namespace) -> dict:
     from jax import lax, random
     from numpyro.infer import HMC
 
-    from numpyro_dp.gradients import select_route
     from numpyro_dp.kernels.hmc import dp_hmc
-    from numpyro_dp.model import PrivateModel
-    from numpyro_dp.secret import draw_secret
+    from numpyro_dp.model.adapter import PrivateModel
+    from numpyro_dp.primitives.gradients import select_route
+    from numpyro_dp.primitives.secret import draw_secret
 
     n, d, L, K, repeats = args.n, args.d, args.num_steps, args.K, args.repeats
 

@@ -68,8 +68,8 @@ def _worker(args: argparse.Namespace) -> dict:
 
     import numpyro_dp as ndp
     from numpyro_dp.kernels.penalty import dp_penalty
-    from numpyro_dp.model import PrivateModel
-    from numpyro_dp.secret import draw_secret
+    from numpyro_dp.model.adapter import PrivateModel
+    from numpyro_dp.primitives.secret import draw_secret
 
     dtype = jnp.float32 if args.precision == "float32" else jnp.float64
     n, d, K, repeats = args.n, args.d, args.K, args.repeats

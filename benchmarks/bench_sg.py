@@ -32,7 +32,7 @@ import numpyro.distributions as dist
 
 import numpyro_dp as ndp
 from numpyro_dp.kernels.base import RunInputs
-from numpyro_dp.secret import draw_secret
+from numpyro_dp.primitives.secret import draw_secret
 
 
 def model(X, y):

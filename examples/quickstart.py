@@ -34,7 +34,7 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS, init_to_median
 
 import numpyro_dp as ndp
-from numpyro_dp.diagnostics import mmd
+from numpyro_dp.evaluation.diagnostics import mmd
 
 if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")  # the example is meant for CPU

@@ -1,6 +1,28 @@
-"""numpyro-dp: differentially private MCMC for NumPyro models."""
+"""numpyro-dp: differentially private MCMC for NumPyro models.
 
-from numpyro_dp import diagnostics, linreg, mechanisms, mixing, models, secret
+The package in layers (each imports only from the ones above it):
+
+* :mod:`~numpyro_dp.model`: the model adapter (``PrivateModel``);
+* :mod:`~numpyro_dp.primitives`: clipped sums, minibatches, grid releases,
+  the secret noise;
+* :mod:`~numpyro_dp.accounting`: events, accountants, calibration, the ledger;
+* :mod:`~numpyro_dp.kernels`: the DP kernels, each declaring its cost as a
+  ``DpEvent``;
+* the runner: :mod:`~numpyro_dp.mcmc` (``PrivateMCMC``),
+  :mod:`~numpyro_dp.tuning` (private clip selection and warm start),
+  :mod:`~numpyro_dp.planner` (``plan``), :mod:`~numpyro_dp.mixing`,
+  :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
+  :mod:`~numpyro_dp.numpyro_compat` (the only module that touches NumPyro's
+  internals);
+* :mod:`~numpyro_dp.releases`: one-shot releases of statistics and inference
+  from them (``mechanisms``, ``linreg``);
+* :mod:`~numpyro_dp.evaluation`: reference models and sample-quality metrics.
+"""
+
+import importlib as _importlib
+import sys as _sys
+
+from numpyro_dp import mixing
 from numpyro_dp.accounting import (
     AccountantWarning,
     PrivacyBudgetError,
@@ -8,6 +30,8 @@ from numpyro_dp.accounting import (
     epsilon_spent,
     max_iterations,
 )
+from numpyro_dp.accounting.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
+from numpyro_dp.evaluation import diagnostics, models
 from numpyro_dp.inference_data import to_datatree, to_inference_data
 from numpyro_dp.kernels import (
     DPHMC,
@@ -32,11 +56,12 @@ from numpyro_dp.kernels.barker import (
     barker_max_batch_size,
     barker_max_iterations,
 )
-from numpyro_dp.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
 from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
 from numpyro_dp.mixing import MixingReport, MixingWarning
 from numpyro_dp.model import ModelSpecificationError, PrivateModel
 from numpyro_dp.planner import Plan, plan
+from numpyro_dp.primitives import secret
+from numpyro_dp.releases import linreg, mechanisms
 from numpyro_dp.tuning import TuningResult
 
 __version__ = "0.1.0"
@@ -88,3 +113,17 @@ __all__ = [
     "to_datatree",
     "to_inference_data",
 ]
+
+#: Modules that moved into the layered tree (issue 19) keep their old import
+#: paths (``from numpyro_dp.linreg import ...``): the old name is the new module.
+_MOVED = {
+    "dataflow": "model.dataflow", "gradients": "primitives.gradients",
+    "batching": "primitives.batching", "rounding": "primitives.rounding",
+    "rdp": "accounting.rdp", "ledger": "accounting.ledger",
+    "mechanisms": "releases.mechanisms", "linreg": "releases.linreg",
+    "models": "evaluation.models", "diagnostics": "evaluation.diagnostics",
+    "secret": "primitives.secret",
+}
+for _old, _new in _MOVED.items():
+    _sys.modules[f"{__name__}.{_old}"] = globals()[_old] = _importlib.import_module(
+        f"{__name__}.{_new}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -22,10 +21,10 @@ from numpyro_dp.accounting import (
     epsilon_spent,
     max_iterations,
 )
+from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.kernels.base import DPKernel, RunInputs
-from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
-from numpyro_dp.model import tabular_to_numpy
+from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.numpyro_compat import (
     collection_params,
     guard_data,
@@ -33,7 +32,7 @@ from numpyro_dp.numpyro_compat import (
     warmup_state,
 )
 from numpyro_dp.planner import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
-from numpyro_dp.secret import run_secret
+from numpyro_dp.primitives.secret import run_secret
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_STAGES,
@@ -147,12 +146,13 @@ class PrivateMCMC(MCMC):
     Parameters
     ----------
     sampler : DPKernel
-        A kernel of this library (``DPPenalty``, ...).  The runner works on a
-        copy: the noise multiplier it calibrates and the clips and
-        preconditioner it chooses privately make a calibrated copy
-        (:meth:`DPKernel.calibrated`), which is ``mcmc.sampler``; the kernel
-        you pass keeps the configuration you gave it (and is bound to this
-        runner once it has charged something).
+        A kernel of this library (``DPPenalty``, ...).  The runner completes
+        its configuration once, before the first charged iteration (the
+        noise multiplier it calibrates, the clips and preconditioner it
+        chooses privately), and then freezes it: every later run is charged
+        for exactly that configuration, and setting one of the kernel's
+        parameters raises.  ``kernel.calibrated(...)`` gives an unbound copy
+        to change.
     num_warmup, num_samples, num_chains, thinning, chain_method, progress_bar,
     postprocess_fn :
         As in :class:`numpyro.infer.MCMC`.  Thinning does not reduce the cost.
@@ -180,7 +180,7 @@ class PrivateMCMC(MCMC):
         An existing ledger to charge: a persistent one
         (:meth:`PrivacyLedger.open`, the way to work in a notebook: it survives
         restarts and re-run cells) or one that already holds a one-shot release
-        of :mod:`numpyro_dp.mechanisms` on the same data.  ``epsilon`` is then
+        of :mod:`numpyro_dp.releases.mechanisms` on the same data.  ``epsilon`` is then
         the budget of everything in it together: calibration and the budget
         check count what it holds; a budget stored in the ledger applies too
         (the smaller one wins, and it stands for ``epsilon`` when that is
@@ -192,7 +192,7 @@ class PrivateMCMC(MCMC):
         the noise: the run is *not* private.  Warns on every run and is recorded
         in the ledger and by :func:`~numpyro_dp.to_inference_data`.  By default
         the noise comes from a secret drawn from the operating system at each
-        run (see :mod:`numpyro_dp.secret`).
+        run (see :mod:`numpyro_dp.primitives.secret`).
     max_noise_multiplier : float
         A calibrated run whose budget left could pay for it only with a larger
         per-iteration noise multiplier is refused (its draws would be noise),
@@ -346,9 +346,8 @@ class PrivateMCMC(MCMC):
                 f"{WARM_START_STAGES} (the warm start's stages, each choosing its clips)."
             )
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
-        self._kernel_built = sampler  # the user's kernel: bound to this runner, never changed
         super().__init__(
-            copy.copy(sampler),  # what calibration and tuning replace (DPKernel.calibrated)
+            sampler,
             num_warmup=num_warmup,
             num_samples=num_samples,
             num_chains=num_chains,
@@ -570,10 +569,10 @@ class PrivateMCMC(MCMC):
                 self._ledger.charge(e, budget=self.epsilon)
         except PrivacyBudgetError as err:  # another process charged in the meantime
             raise self._over_budget(iterations, start, z, self._ledger.epsilon([entry])) from err
-        if calibrated is not None:
-            self.sampler = kernel.calibrated(noise_multiplier=calibrated)
         # Bound only once something is charged: a refused run leaves the kernel free.
-        self._kernel_built._charged_by = self.sampler._charged_by = self
+        kernel._charged_by = self
+        if calibrated is not None:
+            kernel.configure(noise_multiplier=calibrated)
 
     def plan(self, *model_args, num_rows: int | None = None, **model_kwargs) -> RunPlan:
         """What :meth:`run` would cost now, computed from public facts only.
@@ -714,7 +713,7 @@ class PrivateMCMC(MCMC):
             self._tune(tuning, rng_key, pm, args, kwargs, inputs)
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
-        kernel = self.sampler  # calibration and tuning replace it with a calibrated copy
+        kernel.freeze()  # what was charged is what runs, in this call and every later one
         chain_method = self.chain_method
         if chain_method == "parallel" and self.num_chains > 1:
             self.chain_method = parallel_with_arguments
@@ -748,7 +747,7 @@ class PrivateMCMC(MCMC):
             result = dataclasses.replace(result, start=self.tuning.start,
                                          dispersion=self.tuning.dispersion,
                                          covariance=self.tuning.covariance)
-        self.sampler = kernel.calibrated(clips=result.clips, preconditioner=result.covariance)
+        kernel.configure(clips=result.clips, preconditioner=result.covariance)
         self.tuning = result
 
     def _chain_starts(self, rng_key) -> dict | None:

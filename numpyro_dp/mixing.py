@@ -5,7 +5,7 @@ heavy noise the adapted step shrinks until nearly every proposal is accepted
 and nothing moves.  These checks read only the released draws, so they are
 free post-processing (no privacy cost).  They cannot tell that a chain
 converged to the wrong place (clipping bias); compare with exact draws for
-that (:mod:`numpyro_dp.diagnostics`).
+that (:mod:`numpyro_dp.evaluation.diagnostics`).
 """
 
 from __future__ import annotations

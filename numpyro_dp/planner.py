@@ -59,7 +59,7 @@ from numpyro_dp.accounting import (
     gaussian_mu,
     sensitivity_factor,
 )
-from numpyro_dp.model import PrivateModel, _structure_trace, tabular_to_numpy
+from numpyro_dp.model.adapter import PrivateModel, _structure_trace, tabular_to_numpy
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_MIN_SNR,

@@ -48,16 +48,16 @@ import numpy as np
 from jax import lax, random
 
 from numpyro_dp.accounting import calibrate_noise_multiplier, sensitivity_factor
-from numpyro_dp.gradients import (
+from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.gradients import (
     clipped_grad_and_hessian_sums,
     row_gradient_scales,
     row_hessian_norms,
     vector_clip_bound,
 )
-from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import grid_quantum, grid_release, grid_sensitivity, sum_levels
-from numpyro_dp.secret import noise_key
+from numpyro_dp.primitives.rounding import grid_quantum, grid_release, grid_sensitivity, sum_levels
+from numpyro_dp.primitives.secret import noise_key
 
 #: Edges of the histogram of per-row scales: 2^-16 ... 2^24, a factor of
 #: sqrt(2) apart (the clip's noise grows with it, its bias where it cuts rows).
@@ -278,7 +278,7 @@ def release_histogram(
     Bin ``k`` holds the values in ``(edge[k-1], edge[k]]``; the last bin the
     values above the last edge and the non-finite ones.  Counts are exact
     integers; the noise is added on the grid of
-    :func:`~numpyro_dp.rounding.grid_release`, whose rounding is charged in
+    :func:`~numpyro_dp.primitives.rounding.grid_release`, whose rounding is charged in
     the sensitivity.
     """
     edges = jnp.asarray(SCALE_GRID, values.dtype)

@@ -2,7 +2,7 @@
 
 Statistical tolerances come from the Monte Carlo error: means and standard
 deviations must agree within 4 standard errors computed from the effective
-sample sizes (see ``assert_moments_match`` in test_penalty.py).
+sample sizes (``_support.stats.assert_moments_match``).
 """
 
 import jax
@@ -11,17 +11,18 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from _support.running import run
+from _support.stats import assert_moments_match
 from numpyro import handlers
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
 from scipy.special import expit
 from scipy.stats import norm
-from test_penalty import assert_moments_match
 
 import numpyro_dp as ndp
 from numpyro_dp.kernels import barker
 from numpyro_dp.kernels.barker import BARKER_C, load_correction, sample_correction
-from numpyro_dp.model import ModelSpecificationError
+from numpyro_dp.model.adapter import ModelSpecificationError
 
 
 def mean_model(x):
@@ -40,16 +41,6 @@ def mixture_model(x, weights=None):
     scale = 1.0 if weights is None else weights
     with numpyro.plate("data", x.shape[0]), handlers.scale(scale=scale):
         numpyro.sample("x", mix, obs=x)
-
-
-def run(kernel, *args, num_warmup=500, num_samples=2000, num_chains=4, epsilon=None, seed=0,
-        reproducible_noise=True, delta=1e-6, **kwargs):
-    mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
-                           num_chains=num_chains, epsilon=epsilon, delta=delta,
-                           chain_method="vectorized", progress_bar=False,
-                           reproducible_noise=reproducible_noise)
-    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
-    return mcmc
 
 
 # ------------------------------------------------------------- V_corr

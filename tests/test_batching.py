@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from numpyro_dp.batching import sample_without_replacement
+from numpyro_dp.primitives.batching import sample_without_replacement
 
 DRAWS = 42_000
 

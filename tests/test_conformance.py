@@ -11,7 +11,12 @@ with a continuation from ``post_warmup_state``, a refused run, and 2 chains
 with ``chain_method="parallel"`` in a subprocess with two forced host devices
 (on one device NumPyro falls back to sequential chains).  ``make test-all``
 adds 2 chains run sequentially (twice: a second run without ``post_warmup_state``
-warms up again) and the add/remove neighbourhood.
+warms up again), the add/remove neighbourhood, the parallel chains and the
+variants of each family (guided DPPenalty, Poisson DPSGLD, DPSGHMC, DPSGNHT).
+
+Every kernel also keeps the State/Info contract (issue 19) and refuses bad
+input (NaN data, no data plate, a discrete latent) with an error that names
+the problem, before anything is charged or released.
 """
 
 import functools
@@ -22,55 +27,59 @@ import textwrap
 from pathlib import Path
 
 import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
-from conftest import logistic_model, make_logistic_data
+from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
 from numpyro_dp.kernels import barker, base, penalty
 
 N = 120
 
-#: name -> (kernel factory(neighbourhood), neighbourhoods, accountant, releases per iteration)
+#: name -> (kernel factory(neighbourhood, m=model), neighbourhoods, accountant,
+#: releases per iteration)
 KERNELS = {
     "DPPenalty": (
-        lambda nb: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+        lambda nb, m=logistic_model: ndp.DPPenalty(m, llr_clip=1.0, proposal_scale=0.05,
                                  noise_multiplier=2.0, neighbourhood=nb),
         ("substitute", "add_remove"), "pld", 1),
     "DPPenalty-guided": (
-        lambda nb: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+        lambda nb, m=logistic_model: ndp.DPPenalty(m, llr_clip=1.0, proposal_scale=0.05,
                                  proposal="guided", noise_multiplier=2.0, neighbourhood=nb),
         ("substitute",), "pld", 1),
     "DPPenalty-batch": (
-        lambda nb: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,
+        lambda nb, m=logistic_model: ndp.DPPenalty(m, llr_clip=1.0, proposal_scale=0.05,
                                  batch_size=40, temperature=0.3, noise_multiplier=2.0),
         ("substitute",), "rdp", 1),
     "DPBarker": (
-        lambda nb: ndp.DPBarker(logistic_model, batch_size=60, proposal_scale=0.05, n0=30),
+        lambda nb, m=logistic_model: ndp.DPBarker(m, batch_size=60, proposal_scale=0.05, n0=30),
         ("substitute",), "rdp", 1),
     "DPHMC": (
-        lambda nb: ndp.DPHMC(logistic_model, step_size=0.05, num_steps=2, grad_clip=1.0,
+        lambda nb, m=logistic_model: ndp.DPHMC(m, step_size=0.05, num_steps=2, grad_clip=1.0,
                              llr_clip=1.0, noise_multiplier_grad=3.0,
                              noise_multiplier_llr=2.0, neighbourhood=nb),
         ("substitute", "add_remove"), "pld", 2 + 2),
     "DPMALA": (
-        lambda nb: ndp.DPMALA(logistic_model, step_size=0.05, grad_clip=1.0, llr_clip=1.0,
+        lambda nb, m=logistic_model: ndp.DPMALA(m, step_size=0.05, grad_clip=1.0, llr_clip=1.0,
                               noise_multiplier_grad=3.0, noise_multiplier_llr=2.0,
                               neighbourhood=nb),
         ("substitute", "add_remove"), "pld", 3),
     "DPSGLD-poisson": (
-        lambda nb: ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+        lambda nb, m=logistic_model: ndp.DPSGLD(m, step_size=1e-3, batch_size=30, grad_clip=1.0,
                               neighbourhood=nb),
         ("substitute", "add_remove"), "pld", 1),
     "DPSGLD-without-replacement": (
-        lambda nb: ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+        lambda nb, m=logistic_model: ndp.DPSGLD(m, step_size=1e-3, batch_size=30, grad_clip=1.0,
                               batching="without_replacement"),
         ("substitute",), "rdp", 1),
     "DPSGHMC": (
-        lambda nb: ndp.DPSGHMC(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+        lambda nb, m=logistic_model: ndp.DPSGHMC(m, step_size=1e-3, batch_size=30, grad_clip=1.0,
                                num_steps=2, neighbourhood=nb),
         ("substitute", "add_remove"), "pld", 2),
     "DPSGNHT-decreasing": (
-        lambda nb: ndp.DPSGNHT(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0,
+        lambda nb, m=logistic_model: ndp.DPSGNHT(m, step_size=1e-3, batch_size=30, grad_clip=1.0,
                                num_steps=2, step_schedule="decreasing", neighbourhood=nb),
         ("substitute",), "pld", 2),
 }
@@ -130,7 +139,13 @@ def runner(name, nb, chains, method, **kwargs):
     return ndp.PrivateMCMC(make(nb), num_chains=chains, chain_method=method, **options)
 
 
-@pytest.mark.parametrize("name", list(KERNELS))
+#: One kernel of each family in make test; the variants in make test-all.
+VARIANTS = {"DPPenalty-guided", "DPSGLD-poisson", "DPSGHMC", "DPSGNHT-decreasing"}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.slow) if name in VARIANTS else name for name in KERNELS
+])
 def test_releases_made_equal_releases_charged(data, releases, name):
     X, y = data
     per_iteration = KERNELS[name][3]
@@ -213,7 +228,7 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     import numpyro_dp as ndp
     from numpyro_dp.kernels import barker, base, penalty
     import test_conformance as tc
-    from conftest import make_logistic_data
+    from _support.data import make_logistic_data
 
     class Made(list):
         def __len__(self):
@@ -243,6 +258,7 @@ PARALLEL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
 def test_parallel_chains_on_two_devices_are_all_charged():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "PYTHONWARNINGS": "ignore"}
@@ -251,3 +267,37 @@ def test_parallel_chains_on_two_devices_are_all_charged():
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "devices 2" in out.stdout
+
+
+def plateless_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    numpyro.sample("y", dist.Bernoulli(logits=X @ w).to_event(1), obs=y)
+
+
+def discrete_latent_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    k = numpyro.sample("k", dist.Bernoulli(0.5))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w + k), obs=y)
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_bad_input_is_refused_with_its_fix_before_anything_is_charged(data, releases, name):
+    """Every kernel: NaN data, a model without a data plate and a discrete latent
+    are refused with an error that names the problem, before any charge or release."""
+    X, y = data
+    nan_X = X.copy()
+    nan_X[7, 1] = np.nan
+    cases = [
+        (logistic_model, nan_X, "NaN or infinite"),
+        (plateless_model, X, "plate"),
+        (discrete_latent_model, X, "discrete"),
+    ]
+    make = KERNELS[name][0]
+    for model, features, message in cases:
+        mcmc = ndp.PrivateMCMC(make("substitute", m=model), num_warmup=2, num_samples=3,
+                               delta=1e-4, progress_bar=False, epsilon=10.0)
+        with pytest.raises(ValueError, match=message):
+            mcmc.run(jax.random.PRNGKey(0), features, y=y)
+        assert mcmc.privacy_spent().num_releases == 0
+    assert len(releases) == 0

@@ -4,7 +4,7 @@ import arviz as az
 import numpy as np
 import pytest
 
-from numpyro_dp.diagnostics import draws_matrix, mean_error, median_bandwidth, mmd
+from numpyro_dp.evaluation.diagnostics import draws_matrix, mean_error, median_bandwidth, mmd
 
 
 def naive_mmd(x, y, width):

@@ -8,12 +8,13 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import TEST_SECRET, logistic_model
+from _support.data import logistic_model
+from _support.running import TEST_SECRET
 
-from numpyro_dp import gradients
-from numpyro_dp.gradients import ROUTES, clip_weights, clipped_grad_sum_fn, select_route
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.models import banana_data, banana_model, gaussian_model
+from numpyro_dp.evaluation.models import banana_data, banana_model, gaussian_model
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives import gradients
+from numpyro_dp.primitives.gradients import ROUTES, clip_weights, clipped_grad_sum_fn, select_route
 
 N, K = 24, 3  # rows, covariates
 

@@ -11,7 +11,6 @@ of draws, since HMC's antithetic draws make larger estimates fragile).
 z = 1e-8 with large clips is an (almost) noise-free HMC with fixed L.
 """
 
-import functools
 import re
 
 import jax
@@ -20,93 +19,23 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import logistic_model, make_logistic_data
-from numpyro.diagnostics import effective_sample_size
+from _support.data import BANANA_N, BANANA_ROW_VAR, logistic_model, make_logistic_data
+from _support.exactness import assert_exact_on_banana, assert_exact_on_spec_gaussian
+from _support.releases import counting_release, patch_releases
+from _support.running import NEGLIGIBLE, negligible_noise_warnings, run
+from _support.stats import assert_moments_match
 from numpyro.infer import MCMC, NUTS, init_to_median
 from scipy.optimize import brentq
 from scipy.special import erfc
 
 import numpyro_dp as ndp
 import numpyro_dp.kernels.base as base
-from numpyro_dp.diagnostics import mmd
-from numpyro_dp.kernels.hmc import split_noise_multiplier
-from numpyro_dp.models import (
+from numpyro_dp.evaluation.models import (
     banana_data,
     banana_model,
-    banana_posterior_sample,
     gaussian_model,
-    gaussian_posterior,
 )
-
-NEGLIGIBLE = {"noise_multiplier_grad": 1e-8, "noise_multiplier_llr": 1e-8}
-# The accountant's epsilon of a noise-free run overflows inside dp-accounting.
-negligible_noise_warnings = pytest.mark.filterwarnings(
-    "ignore:divide by zero encountered in log1p:RuntimeWarning"
-)
-
-
-def run(kernel, *args, num_warmup, num_samples, num_chains=4, seed=0, epsilon=None,
-        chain_method="vectorized", reproducible_noise=True, **kwargs):
-    mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
-                           num_chains=num_chains, epsilon=epsilon, delta=1e-6,
-                           chain_method=chain_method, progress_bar=False,
-                           reproducible_noise=reproducible_noise, warm_start=0)
-    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
-    return mcmc
-
-
-def ess(chains):
-    """Per-coordinate ESS of (chains, draws, dim), capped at the number of draws."""
-    return np.minimum(effective_sample_size(np.asarray(chains, np.float64)),
-                      chains.shape[0] * chains.shape[1])
-
-
-def effective_draws(chains, cap=1000):
-    """Thin pooled draws to about the effective sample size (nearly independent)."""
-    size = int(min(np.min(ess(chains)), cap))
-    flat = chains.reshape(-1, chains.shape[-1])
-    return flat[:: len(flat) // size][:size]
-
-
-def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=40):
-    """MMD(chain, exact) <= the largest of ``replicates`` MMD(exact, exact) of the
-    same size: an exact sampler fails this with probability 1 / (replicates + 1)."""
-    draws = effective_draws(chains)
-    size = len(draws)
-    assert size >= 200, f"chain mixed too poorly to test: effective size {size}"
-    observed = mmd(draws, exact_sampler(0, size), rng=0)
-    spread = [mmd(exact_sampler(2 * i + 1, size), exact_sampler(2 * i + 2, size), rng=i)
-              for i in range(replicates)]
-    assert observed <= max(spread), (observed, sorted(spread)[-5:])
-
-
-def moment_errors(chains):
-    """Means, sds and the standard errors of the mean and of log sd."""
-    flat = chains.reshape(-1, chains.shape[-1])
-    mean, var = flat.mean(0), flat.var(0)
-    sq = (chains - mean) ** 2
-    se_mean = np.sqrt(var / ess(chains))
-    se_log_sd = 0.5 * np.sqrt(sq.reshape(len(flat), -1).var(0) / ess(sq)) / var
-    return mean, np.sqrt(var), se_mean, se_log_sd
-
-
-def assert_moments_match(chains, reference_chains, z=4.0):
-    """Means and sds agree within z combined standard errors."""
-    m, s, se_m, se_s = moment_errors(chains)
-    mr, sr, se_mr, se_sr = moment_errors(reference_chains)
-    np.testing.assert_array_less(np.abs(m - mr), z * np.hypot(se_m, se_mr))
-    np.testing.assert_array_less(np.abs(np.log(s / sr)), z * np.hypot(se_s, se_sr))
-
-
-def max_row_grad_norm(model, args, kwargs, draws):
-    """max_i ||grad l_i(theta)|| over ``draws`` (unconstrained points)."""
-    pm = ndp.PrivateModel(model, args, kwargs)
-
-    def norms(theta):
-        rows = lambda t: pm.log_density_terms(pm.unravel(t), args, kwargs).loglik_rows  # noqa: E731
-        return jnp.linalg.norm(jax.jacfwd(rows)(theta), axis=1).max()
-
-    return float(jax.lax.map(norms, jnp.asarray(draws, jnp.float32)).max())
+from numpyro_dp.kernels.hmc import split_noise_multiplier
 
 
 def nuts_reference(model, *args, num_samples=2000, seed=1, **kwargs):
@@ -117,30 +46,6 @@ def nuts_reference(model, *args, num_samples=2000, seed=1, **kwargs):
 
 
 # ------------------------------------------- 1. negligible noise: exact draws
-BANANA_N = 1000
-BANANA_ROW_VAR = (2000.0 * BANANA_N / 1e5, 2500.0 * BANANA_N / 1e5)
-
-
-def assert_exact_on_banana(kernel, num_warmup, num_samples, clip):
-    """SPEC s8 banana with n = 1000 rows and row variances scaled by n / 1e5: the
-    posterior (precision n / s_j^2, xbar ~ N(., s_j^2 / n)) has exactly the law of
-    the reference n = 1e5 one, at 1 % of the cost per gradient."""
-    X = banana_data(jax.random.PRNGKey(1), BANANA_N, row_var=BANANA_ROW_VAR)
-    mcmc = run(kernel, X, row_var=BANANA_ROW_VAR, num_warmup=num_warmup,
-               num_samples=num_samples)
-    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-
-    def exact(seed, size):
-        return banana_posterior_sample(jax.random.PRNGKey(1000 + seed), X, size,
-                                       row_var=BANANA_ROW_VAR)
-
-    # Nothing is clipped: |r_i| <= h max ||grad l_i|| on the segment, far below llr_clip h.
-    assert max_row_grad_norm(banana_model, (X,), {"row_var": BANANA_ROW_VAR},
-                             exact(99, 50)) < clip / 100
-    assert_mmd_within_exact_spread(chains, exact)
-    assert_moments_match(chains, exact(98, 20_000)[None])
-
-
 @pytest.mark.slow
 @negligible_noise_warnings
 def test_banana_negligible_noise_matches_exact_posterior():
@@ -148,42 +53,6 @@ def test_banana_negligible_noise_matches_exact_posterior():
     kernel = ndp.DPHMC(banana_model, step_size=0.01, num_steps=10, grad_clip=clip,
                        llr_clip=clip, **NEGLIGIBLE)
     assert_exact_on_banana(kernel, 300, 1500, clip)
-
-
-def spec_gaussian_problem(n, d=10, seed=0):
-    """SPEC s8: Sigma = Q diag(lambda) Q^T, lambda ~ Gamma(0.5, 1), Q orthonormalised U(0,1)."""
-    rng = np.random.default_rng(seed)
-    lam = rng.gamma(0.5, 1.0, size=d)
-    Q, _ = np.linalg.qr(rng.uniform(size=(d, d)))
-    cov = (Q * lam) @ Q.T
-    X = rng.multivariate_normal(rng.normal(size=d), cov, size=n)
-    return X.astype(np.float32), cov.astype(np.float32)
-
-
-def assert_exact_on_spec_gaussian(kernel, num_warmup, num_samples, clip):
-    """SPEC s8 Gaussian, d = 10, with n = 200: the posterior N(~xbar, ~Sigma / n) is the
-    n = 1e5 one rescaled (the N(0, 100^2) prior is negligible either way), so the
-    condition number (about 800 for this Sigma) is that of the reference.  The
-    chains start at the posterior mean (a user-given init; from init_to_uniform the
-    step size shrinks to the smallest scale before the mass matrix is learnt)."""
-    X, cov = spec_gaussian_problem(200)
-    mean, post_cov = gaussian_posterior(X, cov)
-    init = {"theta": np.tile(mean.astype(np.float32), (4, 1))}
-    mcmc = run(kernel, X, cov, num_warmup=num_warmup, num_samples=num_samples,
-               init_params=init)
-    chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"])
-    root = np.linalg.cholesky(post_cov)
-
-    def exact(seed, size):
-        return mean + np.random.default_rng(seed).normal(size=(size, len(mean))) @ root.T
-
-    assert max_row_grad_norm(gaussian_model, (X, cov), {}, exact(99, 50)) < clip / 100
-    assert_mmd_within_exact_spread(chains, exact)
-    # The MMD is weak in 10-D; the whitened draws must also have mean 0, variance 1.
-    white = (chains - mean) @ np.linalg.inv(root).T
-    _, sd, se_mean, se_log_sd = moment_errors(white)
-    np.testing.assert_array_less(np.abs(white.reshape(-1, 10).mean(0)), 4 * se_mean)
-    np.testing.assert_array_less(np.abs(np.log(sd)), 4 * se_log_sd)
 
 
 @pytest.mark.slow
@@ -307,34 +176,6 @@ def test_spec_check_figure_banana_reference_run():
 
 
 # ------------------------------------------- 5. releases made == releases charged
-def patch_releases(monkeypatch, release):
-    """Route every Gaussian release of DPHMC (gradients and LLR) through ``release``.
-
-    ``grid_release(key, hi, lo, sigma, quantum)`` adds the noise of every
-    release (:mod:`numpyro_dp.rounding`).
-    """
-    monkeypatch.setattr(base, "grid_release", release)
-
-
-def counting_release(monkeypatch):
-    """Patch grid_release to log (kind, sigma) at run time; kind 0 = LLR, 1 = gradient.
-
-    sigma is in units of the released sum (before the temperature multiplies it).
-    """
-    log = []
-    original = base.grid_release
-
-    def record(kind, sigma):
-        log.append((kind, float(sigma)))
-
-    def release(key, hi, lo, sigma, quantum, noise="gaussian"):
-        jax.debug.callback(functools.partial(record, jnp.ndim(hi)), sigma, ordered=True)
-        return original(key, hi, lo, sigma, quantum, noise)
-
-    patch_releases(monkeypatch, release)
-    return log
-
-
 @pytest.mark.slow
 def test_releases_made_equal_releases_charged(monkeypatch):
     X, y = make_logistic_data(200, 2)
@@ -417,8 +258,7 @@ def test_runner_calibration_splits_the_budget(logistic_data):
                        llr_budget_fraction=fraction, init_strategy=init_to_median)
     assert kernel.noise_multiplier is None
     mcmc = run(kernel, X, y=y, num_warmup=5, num_samples=10, num_chains=2, epsilon=4.0)
-    assert kernel.noise_multiplier is None  # the runner calibrated a copy of it
-    kernel = mcmc.sampler
+    assert mcmc.sampler is kernel
     z = kernel.noise_multiplier
     z_g, z_l = kernel.noise_multipliers()
     assert (z_g, z_l) == split_noise_multiplier(z, L, fraction)

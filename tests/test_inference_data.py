@@ -14,7 +14,7 @@ import arviz as az
 import jax
 import numpy as np
 import pytest
-from conftest import logistic_model, make_logistic_data
+from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
 from numpyro_dp import inference_data

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import dp_accounting as dpa
 import pytest
-from conftest import logistic_model, make_logistic_data
+from _support.data import logistic_model, make_logistic_data
 from jax import random
 
 import numpyro_dp as ndp
 from numpyro_dp import accounting as acc
-from numpyro_dp import mechanisms as mech
-from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, event_from_json, event_to_json
-from numpyro_dp.rdp import BarkerDpEvent
+from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, event_from_json, event_to_json
+from numpyro_dp.accounting.rdp import BarkerDpEvent
+from numpyro_dp.releases import mechanisms as mech
 
 REPO = Path(__file__).resolve().parents[1]
 DELTA = 1e-6
@@ -320,7 +320,7 @@ WORKER = """
     import sys
     from dp_accounting import GaussianDpEvent
     from numpyro_dp import PrivacyBudgetError, PrivacyLedger
-    from numpyro_dp.ledger import LedgerEntry
+    from numpyro_dp.accounting.ledger import LedgerEntry
     ledgers = [PrivacyLedger.open(p) for p in sys.argv[1:]]
     print("ready", flush=True)
     sys.stdin.readline()
@@ -371,7 +371,7 @@ def test_a_killed_process_leaves_its_charge_exactly_once(tmp_path):
         import time
         from dp_accounting import GaussianDpEvent
         from numpyro_dp import PrivacyLedger
-        from numpyro_dp.ledger import LedgerEntry
+        from numpyro_dp.accounting.ledger import LedgerEntry
         PrivacyLedger.open({str(path)!r}).charge(
             LedgerEntry("DPPenalty", "sample", 1, 1, GaussianDpEvent(32.0)))
         time.sleep(120)  # the iterations the charge paid for
@@ -418,7 +418,7 @@ def test_ledgers_pickle(tmp_path):
 
 
 def test_file_ledgers_need_posix_locks(tmp_path, monkeypatch):
-    monkeypatch.setattr("numpyro_dp.ledger.fcntl", None)
+    monkeypatch.setattr("numpyro_dp.accounting.ledger.fcntl", None)
     with pytest.raises(NotImplementedError, match="fcntl"):
         PrivacyLedger.open(tmp_path / "ledger.jsonl", delta=DELTA)
     assert not (tmp_path / "ledger.jsonl").exists()

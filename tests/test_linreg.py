@@ -5,24 +5,15 @@ import math
 import jax
 import numpy as np
 import pytest
-from conftest import attack_success, on_coarse_grid
+from _support.attacks import attack_success, on_coarse_grid
+from _support.data import make_linreg_data as make_data
 from jax import random
 
-from numpyro_dp import linreg as lr
-from numpyro_dp import mechanisms as mech
 from numpyro_dp.accounting import epsilon_spent
+from numpyro_dp.releases import linreg as lr
+from numpyro_dp.releases import mechanisms as mech
 
 KEY = random.PRNGKey(0)
-
-
-def make_data(n, d, seed=0, noise=0.3):
-    """Rows with ||x|| <= 1 and |y| <= 2 (so bounds 1.2 and 2.5 hold a priori)."""
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d)) / math.sqrt(d)
-    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
-    theta = np.linspace(1.0, -0.5, d)
-    y = np.clip(X @ theta + noise * rng.normal(size=n), -2, 2)
-    return X, y
 
 
 def conjugate(X, y, sigma_y2, prior):

@@ -5,27 +5,22 @@ core; these tests check what is MALA's own: the equivalence, the proposal
 variance factor ``a`` (its proposal ratio), exactness with fixed step size
 and real gradient noise, and the cost of two gradient releases and one LLR
 release per iteration.  Tolerances come from the Monte Carlo error as in
-``test_hmc.py``, whose helpers are reused.
+``test_hmc.py``, with the helpers both use from ``tests/_support``.
 """
 
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import logistic_model
+from _support.data import logistic_model
+from _support.exactness import assert_exact_on_banana, assert_exact_on_spec_gaussian
+from _support.releases import counting_release
+from _support.running import NEGLIGIBLE, negligible_noise_warnings, run
+from _support.stats import moment_errors
 from numpyro.infer import init_to_median
-from test_hmc import (
-    NEGLIGIBLE,
-    assert_exact_on_banana,
-    assert_exact_on_spec_gaussian,
-    counting_release,
-    moment_errors,
-    negligible_noise_warnings,
-    run,
-)
 
 import numpyro_dp as ndp
-from numpyro_dp.models import banana_model, gaussian_model, gaussian_posterior
+from numpyro_dp.evaluation.models import banana_model, gaussian_model, gaussian_posterior
 
 
 # ------------------------------------------- 1. exact draws
@@ -110,6 +105,7 @@ def test_mala_is_hmc_with_one_step(logistic_data):
 
 
 # ------------------------------------------- 2. privacy accounting
+@pytest.mark.slow  # make test-all; test_conformance counts DPMALA's releases in make test
 def test_releases_made_equal_releases_charged(monkeypatch, logistic_data):
     """Two gradient releases and one LLR release per iteration, warm-up and every
     chain included; sigma_g = z_g * 2 b_g (in units of the clipped sum)."""

@@ -5,7 +5,8 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import armed_init, logistic_model
+from _support.data import logistic_model
+from _support.running import armed_init
 from numpyro.infer import HMC, init_to_value
 
 import numpyro_dp as ndp
@@ -13,7 +14,7 @@ import numpyro_dp as ndp
 
 @pytest.fixture(scope="module")
 def data():
-    from conftest import make_logistic_data
+    from _support.data import make_logistic_data
 
     return make_logistic_data(500, 2, seed=1)
 

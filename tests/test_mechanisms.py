@@ -7,18 +7,19 @@ import math
 import dp_accounting as dpa
 import numpy as np
 import pytest
-from conftest import attack_success, logistic_model, make_logistic_data, on_coarse_grid
+from _support.attacks import attack_success, on_coarse_grid
+from _support.data import logistic_model, make_logistic_data
+from _support.data import make_linreg_data as linreg_data
 from dp_accounting import gaussian_mechanism as dpa_gaussian
 from dp_accounting.pld import pld_privacy_accountant
 from jax import random
 from scipy.stats import norm
-from test_linreg import make_data as linreg_data
 
 import numpyro_dp as ndp
-from numpyro_dp import linreg as lr
-from numpyro_dp import mechanisms as mech
 from numpyro_dp.accounting import epsilon_spent
-from numpyro_dp.secret import ReproducibleNoiseWarning
+from numpyro_dp.primitives.secret import ReproducibleNoiseWarning
+from numpyro_dp.releases import linreg as lr
+from numpyro_dp.releases import mechanisms as mech
 
 KEY = random.PRNGKey(0)
 ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE

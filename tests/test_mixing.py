@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import pytest
-from conftest import logistic_model, make_logistic_data
+from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
 from numpyro_dp.mixing import ESS_LIMIT, RHAT_LIMIT, mixing_report

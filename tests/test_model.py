@@ -1,4 +1,4 @@
-"""Tests for the model adapter (:mod:`numpyro_dp.model`) and :mod:`numpyro_dp.dataflow`.
+"""Tests for the model adapter (:mod:`numpyro_dp.model`): adapter and dataflow.
 
 SPEC s1: the adapter splits a NumPyro model into a data-free prior (in the
 unconstrained space, Jacobian included) and per-row log-likelihoods, and rejects
@@ -27,8 +27,8 @@ from numpyro.infer.util import potential_energy
 from scipy import stats
 from scipy.special import expit, logsumexp
 
-from numpyro_dp.dataflow import depends_on_private
-from numpyro_dp.model import ModelSpecificationError, PrivateModel
+from numpyro_dp.model.adapter import ModelSpecificationError, PrivateModel
+from numpyro_dp.model.dataflow import depends_on_private
 
 RTOL = 1e-10
 ATOL = 1e-10

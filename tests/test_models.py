@@ -6,7 +6,7 @@ from jax import random
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_dp import models
+from numpyro_dp.evaluation import models
 
 
 def nuts_draws(model, *args, **kwargs):

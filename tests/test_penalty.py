@@ -5,17 +5,19 @@ of MMDs between independent exact samples of the chain's effective size, and
 moments with their standard errors from the effective sample size.
 """
 
+import functools
+
 import jax
 import numpy as np
 import pytest
-from conftest import logistic_model, make_logistic_data
-from numpyro.diagnostics import effective_sample_size
+from _support.data import BANANA_N, BANANA_ROW_VAR, logistic_model, make_logistic_data
+from _support.running import HUGE_EPSILON, negligible_noise_warnings
+from _support.running import run as run_private
+from _support.stats import assert_mmd_within_exact_spread, assert_moments_match, max_row_grad_norm
 from numpyro.infer import MCMC, NUTS
-from test_hmc import BANANA_N, BANANA_ROW_VAR, max_row_grad_norm, negligible_noise_warnings
 
 import numpyro_dp as ndp
-from numpyro_dp.diagnostics import mmd
-from numpyro_dp.models import (
+from numpyro_dp.evaluation.models import (
     banana_data,
     banana_model,
     banana_posterior_sample,
@@ -23,45 +25,11 @@ from numpyro_dp.models import (
     gaussian_posterior,
 )
 
-HUGE_EPSILON = 1e7  # noise negligible: checks the sampler, not the privacy
+#: Noise negligible unless a test says otherwise: checks the sampler, not the privacy.
+run = functools.partial(run_private, epsilon=HUGE_EPSILON)
 
-
-def run(kernel, *args, num_warmup=1000, num_samples=5000, num_chains=4, epsilon=HUGE_EPSILON,
-        seed=0, **kwargs):
-    mcmc = ndp.PrivateMCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
-                           reproducible_noise=True,
-                           num_chains=num_chains, epsilon=epsilon, delta=1e-6,
-                           chain_method="vectorized", progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
-    return mcmc
-
-
-def effective_draws(chains):
-    """Thin pooled draws to about the effective sample size (nearly independent)."""
-    ess = int(np.min(effective_sample_size(chains)))
-    flat = chains.reshape(-1, chains.shape[-1])
-    return flat[:: max(1, len(flat) // ess)][:ess]
-
-
-def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=20):
-    draws = effective_draws(chains)
-    size = len(draws)
-    assert size >= 50, f"chain mixed too poorly to test: effective size {size}"
-    observed = mmd(draws, exact_sampler(0, size), rng=0)
-    spread = [mmd(exact_sampler(2 * i + 1, size), exact_sampler(2 * i + 2, size), rng=i)
-              for i in range(replicates)]
-    assert observed <= max(spread), (observed, sorted(spread))
-
-
-def assert_moments_match(chains, reference_chains, z=4.0):
-    """Means and sds agree within z standard errors (from effective sample sizes)."""
-    d = chains.shape[-1]
-    x, r = chains.reshape(-1, d), reference_chains.reshape(-1, d)
-    ess_x, ess_r = effective_sample_size(chains), effective_sample_size(reference_chains)
-    se_mean = np.sqrt(x.var(0) / ess_x + r.var(0) / ess_r)
-    np.testing.assert_array_less(np.abs(x.mean(0) - r.mean(0)), z * se_mean)
-    se_log_sd = np.sqrt(1 / (2 * ess_x) + 1 / (2 * ess_r))
-    np.testing.assert_array_less(np.abs(np.log(x.std(0) / r.std(0))), z * se_log_sd)
+#: DPPenalty's random walk mixes slower than HMC: fewer effective draws suffice.
+mmd_check = functools.partial(assert_mmd_within_exact_spread, replicates=20, min_size=50)
 
 
 @pytest.mark.slow
@@ -84,7 +52,7 @@ def test_banana_negligible_noise_matches_exact_posterior():
     # Nothing is clipped: |r_i| <= max ||grad l_i|| ||theta' - theta||, far below the clip.
     assert max_row_grad_norm(banana_model, (X,), {"row_var": BANANA_ROW_VAR},
                              exact(99, 50)) < llr_clip / 10
-    assert_mmd_within_exact_spread(chains, exact)
+    mmd_check(chains, exact)
 
 
 def gaussian_problem(n=2000, d=4, seed=0):
@@ -109,7 +77,7 @@ def test_conjugate_gaussian_negligible_noise_matches_exact_posterior(proposal):
     def exact(seed, size):
         return mean + np.random.default_rng(seed).normal(size=(size, len(mean))) @ root.T
 
-    assert_mmd_within_exact_spread(chains, exact)
+    mmd_check(chains, exact)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from test_penalty import assert_moments_match
+from _support.stats import assert_moments_match
 
 import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent

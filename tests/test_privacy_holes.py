@@ -22,12 +22,12 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import logistic_model, make_logistic_data
+from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
 from numpyro_dp.kernels.base import clipped_sum_sensitivity, release_clipped_sum
-from numpyro_dp.rounding import exact_sum
-from numpyro_dp.secret import ReproducibleNoiseWarning
+from numpyro_dp.primitives.rounding import exact_sum
+from numpyro_dp.primitives.secret import ReproducibleNoiseWarning
 
 N = 601
 
@@ -81,8 +81,9 @@ def test_2_plain_numpyro_mcmc_cannot_run_a_calibrated_kernel(data):
     kernel = penalty()
     mcmc = runner(kernel, epsilon=1.0)
     mcmc.run(jax.random.PRNGKey(0), X, y=y)
-    kernel = mcmc.sampler
     assert kernel.noise_multiplier is not None  # calibrated, and sampled once
+    with pytest.raises(AttributeError, match="cannot change"):  # what was charged is frozen
+        kernel.noise_multiplier = 1e-3
     plain = numpyro.infer.MCMC(kernel, num_warmup=0, num_samples=5000, progress_bar=False)
     with pytest.raises(RuntimeError, match="PrivateMCMC"):
         plain.run(jax.random.PRNGKey(1), X, y=y)
@@ -143,9 +144,12 @@ def test_4_reproducible_noise_is_an_opt_in_that_warns_and_is_recorded(data):
     lambda: ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.02,
                           noise_multiplier=1.0, adapt_proposal_scale=False,
                           init_strategy=numpyro.infer.init_to_median),
-    lambda: ndp.DPHMC(logistic_model, step_size=0.05, num_steps=2, grad_clip=1.0,
-                      llr_clip=1.0, noise_multiplier_grad=0.3, noise_multiplier_llr=0.3),
-    lambda: ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=100, grad_clip=1.0),
+    pytest.param(  # DPHMC and DPSGLD: make test-all (20 s each)
+        lambda: ndp.DPHMC(logistic_model, step_size=0.05, num_steps=2, grad_clip=1.0,
+                          llr_clip=1.0, noise_multiplier_grad=0.3, noise_multiplier_llr=0.3),
+        marks=pytest.mark.slow),
+    pytest.param(lambda: ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=100,
+                                    grad_clip=1.0), marks=pytest.mark.slow),
 ], ids=["DPPenalty", "DPHMC", "DPSGLD"])
 def test_8_a_published_state_does_not_replay_the_continuation(data, make):
     """The attack of the issue: from the published state (its rng_key) and the
@@ -173,7 +177,7 @@ def test_8_a_published_state_does_not_replay_the_continuation(data, make):
 
 
 def test_8_noise_keys_depend_on_the_secret_not_only_the_public_key():
-    from numpyro_dp.secret import draw_secret, noise_key
+    from numpyro_dp.primitives.secret import draw_secret, noise_key
 
     public = jax.random.PRNGKey(0)
     a, b = noise_key(draw_secret(), public), noise_key(draw_secret(), public)
@@ -206,7 +210,7 @@ KILLED_RUN = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax
     import numpyro_dp as ndp
-    from conftest import logistic_model, make_logistic_data
+    from _support.data import logistic_model, make_logistic_data
     X, y = make_logistic_data(601, 3, seed=5)
     ledger = ndp.PrivacyLedger.open({path!r})
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=30.0)
@@ -216,6 +220,7 @@ KILLED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
 def test_5_a_run_killed_while_sampling_stays_charged_exactly_once(tmp_path):
     path = tmp_path / "killed.ledger"
     ndp.PrivacyLedger.open(path, delta=1e-5)
@@ -402,7 +407,7 @@ CACHE_SCRIPT = textwrap.dedent("""
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     import numpy as np
     import numpyro_dp as ndp
-    from conftest import logistic_model
+    from _support.data import logistic_model
     data = np.load({data!r})
     X, y = data["X"], data["y"]
     kernels = [
@@ -440,7 +445,8 @@ def _cache_blob(cache: Path) -> bytes:
     return b"".join(blobs)
 
 
-@pytest.mark.parametrize("devices", [2, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
+@pytest.mark.parametrize("devices", [2, 1])
 def test_12_no_row_reaches_the_persistent_compilation_cache(tmp_path, devices):
     rng = np.random.default_rng(9)
     X = (rng.normal(size=(211, 3)) * 0.5 + 0.123456).astype(np.float32)

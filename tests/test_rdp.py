@@ -9,8 +9,15 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 import numpyro_dp as ndp
 from numpyro_dp.accounting import PrivacyLedger, epsilon_spent
+from numpyro_dp.accounting.rdp import (
+    ORDERS,
+    BarkerDpEvent,
+    barker_rdp,
+    rdp_curve,
+    rdp_epsilon,
+    wbk_amplify,
+)
 from numpyro_dp.kernels.barker import barker_event
-from numpyro_dp.rdp import ORDERS, BarkerDpEvent, barker_rdp, rdp_curve, rdp_epsilon, wbk_amplify
 
 
 def barker_closed_form(a, b):

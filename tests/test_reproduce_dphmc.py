@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/reproduce_dphmc_paper.py: its --quick mode."""
+"""Smoke test of reproductions/reproduce_dphmc_paper.py: its --quick mode."""
 
 import csv
 import importlib.util
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "reproduce_dphmc_paper.py"
+SCRIPT = (pathlib.Path(__file__).resolve().parent.parent / "reproductions"
+          / "reproduce_dphmc_paper.py")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,7 @@ def test_whitened_gaussian_has_the_library_models_llrs(script):
     from jax import random
     from numpyro.infer.util import log_likelihood
 
-    from numpyro_dp import models
+    from numpyro_dp.evaluation import models
 
     problem = script.gaussian_problem(2000)
     cov = models.gaussian_covariance(random.PRNGKey(1), 10)

@@ -14,13 +14,13 @@ from scipy import integrate, stats
 
 import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent
-from numpyro_dp.batching import (
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.batching import (
     poisson_batch,
     poisson_buffer_size,
     sample_without_replacement,
 )
-from numpyro_dp.gradients import clipped_grad_sum_fn
-from numpyro_dp.model import PrivateModel
+from numpyro_dp.primitives.gradients import clipped_grad_sum_fn
 
 SIGMA = 1.0  # known row scale of the Gaussian model
 PRIOR_SD = 10.0

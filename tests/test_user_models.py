@@ -12,7 +12,7 @@ from numpyro.infer import init_to_median, init_to_uniform
 from scipy import stats
 
 import numpyro_dp as ndp
-from numpyro_dp.model import ModelSpecificationError, PrivateModel
+from numpyro_dp.model.adapter import ModelSpecificationError, PrivateModel
 
 N = 200
 

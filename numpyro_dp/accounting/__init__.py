@@ -26,7 +26,7 @@ Layout
   for a budget, through dp-accounting's ``calibrate_dp_mechanism``;
 * :mod:`~numpyro_dp.accounting.gaussian`, :mod:`~numpyro_dp.accounting.budget`:
   closed forms and checks;
-* :mod:`numpyro_dp.ledger`: what has been charged, and the budget.
+* :mod:`numpyro_dp.accounting.ledger`: what has been charged, and the budget.
 
 Every epsilon returned here is rounded up: the reported figure is never below
 the true one (invariant 4).
@@ -66,9 +66,9 @@ from numpyro_dp.accounting.gaussian import (
     zcdp_to_epsilon,
 )
 
-# The ledger lives in numpyro_dp.ledger, which imports from this package: the
+# The ledger lives in numpyro_dp.accounting.ledger, which imports from this package: the
 # re-export comes last, once everything it needs is defined.
-from numpyro_dp.ledger import LedgerEntry, PrivacyLedger, PrivacySpent  # noqa: E402
+from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent  # noqa: E402
 
 __all__ = [
     "ACCOUNTANTS", "NEIGHBOURHOODS", "AccountantChoice", "AccountantWarning",

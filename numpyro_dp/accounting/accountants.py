@@ -8,11 +8,11 @@ neighbourhood, see :mod:`numpyro_dp.accounting`):
   exactly (one Gaussian with ``mu = sqrt(sum 1 / z_i^2)``, Balle & Wang 2018);
 * :class:`PureAccountant`: plain Gaussian, Laplace and randomized-response
   releases composed by dp-accounting's PLDs (the one-shot releases of
-  :mod:`numpyro_dp.mechanisms`);
+  :mod:`numpyro_dp.releases.mechanisms`);
 * :class:`PldAccountant`: dp-accounting's ``PLDAccountant`` on a grid scaled to
   epsilon, with composed PLDs cached (subsampled releases);
 * :class:`RdpAccountant`: dp-accounting's ``RdpAccountant``;
-* :class:`numpyro_dp.rdp.WbkRdpAccountant`: fixed-size batches drawn without
+* :class:`numpyro_dp.accounting.rdp.WbkRdpAccountant`: fixed-size batches drawn without
   replacement and DP Barker (WBK amplification).
 
 :func:`make_accountant` is the only place that maps an event and the user's
@@ -48,7 +48,7 @@ from numpyro_dp.accounting.events import (
     to_dp_accounting,
 )
 from numpyro_dp.accounting.gaussian import gaussian_epsilon
-from numpyro_dp.rdp import WbkRdpAccountant, is_rdp_only
+from numpyro_dp.accounting.rdp import WbkRdpAccountant, is_rdp_only
 
 #: ``accountant=`` values: "auto" takes the tightest accountant that applies.
 ACCOUNTANTS = ("auto", "pld", "rdp")

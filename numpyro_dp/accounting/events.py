@@ -82,7 +82,7 @@ def noise_multipliers(event: dpa.DpEvent) -> tuple[float, ...]:
 def pure_releases(event: dpa.DpEvent) -> list[tuple[dpa.DpEvent, int]] | None:
     """``[(leaf, count), ...]`` if ``event`` composes only plain Gaussian,
     Laplace and randomized-response releases, at least one of them not
-    Gaussian (one-shot releases of :mod:`numpyro_dp.mechanisms`); else None.
+    Gaussian (one-shot releases of :mod:`numpyro_dp.releases.mechanisms`); else None.
     """
     out = releases(event)
     if not all(isinstance(leaf, PURE_LEAVES) for leaf, _ in out):

@@ -17,7 +17,7 @@ Per iteration, from theta, with ``T = n0 / n``:
 Only the accept decision leaves the kernel; ``lambda``, ``sigma_b^2``, the
 ratios and how many of them were clipped stay inside ``sample_fn``.  The cost
 of one iteration is the per-step RDP of Heikkilä et al. (2019) amplified by sampling ``b`` of
-``n`` rows without replacement (:mod:`numpyro_dp.rdp`); it depends on ``n``,
+``n`` rows without replacement (:mod:`numpyro_dp.accounting.rdp`); it depends on ``n``,
 ``b`` and the number of iterations only, so there is no noise to calibrate:
 the budget decides how many iterations (or how large a batch) a run affords,
 see :func:`barker_max_iterations` and :func:`barker_max_batch_size`.
@@ -42,7 +42,7 @@ from jax import random
 from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.accounting import check_budget, epsilon_spent, max_iterations
-from numpyro_dp.batching import sample_without_replacement
+from numpyro_dp.accounting.rdp import BarkerDpEvent
 from numpyro_dp.kernels.base import (
     DPKernel,
     carries_info,
@@ -50,10 +50,10 @@ from numpyro_dp.kernels.base import (
     clip_ratios,
     phase_mean,
 )
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rdp import BarkerDpEvent
-from numpyro_dp.rounding import dw_sum, unit_roundoff
-from numpyro_dp.secret import noise_key
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.batching import sample_without_replacement
+from numpyro_dp.primitives.rounding import dw_sum, unit_roundoff
+from numpyro_dp.primitives.secret import noise_key
 
 #: Variance of the Gaussian part of the logistic noise; the privacy theorem needs C = 2.
 BARKER_C = 2.0
@@ -230,7 +230,7 @@ def dp_barker(
     init_fn(init_params, rng_key) -> DPBarkerState
     sample_fn(state, model_args, model_kwargs, secret) -> DPBarkerState
         The batch and the test's noise come from the run secret
-        (:mod:`numpyro_dp.secret`), the proposal from the state's key.
+        (:mod:`numpyro_dp.primitives.secret`), the proposal from the state's key.
     """
     pm = private_model
     num_rows = pm.num_rows
@@ -337,7 +337,7 @@ class DPBarker(DPKernel):
                 f"n0={self.n0} exceeds the number of rows n={pm.num_rows}: the "
                 "temperature T = n0 / n must be <= 1. Choose n0 <= n (e.g. 100)."
             )
-        self.temperature = self.n0 / pm.num_rows
+        self.configure(temperature=self.n0 / pm.num_rows)
         return pm
 
     def per_iteration_event(

@@ -39,8 +39,8 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import (
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.rounding import (
     exact_sum,
     exact_sum_error,
     grid_quantum,
@@ -69,7 +69,7 @@ class RunInputs(NamedTuple):
     """
 
     rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
-    secret: jax.Array  # uint32[2], the run secret (numpyro_dp.secret)
+    secret: jax.Array  # uint32[2], the run secret (numpyro_dp.primitives.secret)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,11 +117,11 @@ def clipped_sum_sensitivity(
     """``(Delta, q)``: sensitivity of a released sum *as computed*, and its grid step.
 
     ``num_terms`` rows, each of l2 norm at most ``row_bound``, are rounded one
-    by one to :func:`~numpyro_dp.rounding.row_quantum` (a row then has norm at
+    by one to :func:`~numpyro_dp.primitives.rounding.row_quantum` (a row then has norm at
     most ``row_bound + sqrt(dim) q_row / 2``) and summed by
-    :func:`~numpyro_dp.rounding.exact_sum` (error at most ``E``,
-    :func:`~numpyro_dp.rounding.exact_sum_error`); the release rounds the sum to
-    the grid ``q`` of :func:`~numpyro_dp.rounding.grid_quantum` (its magnitude
+    :func:`~numpyro_dp.primitives.rounding.exact_sum` (error at most ``E``,
+    :func:`~numpyro_dp.primitives.rounding.exact_sum_error`); the release rounds the sum to
+    the grid ``q`` of :func:`~numpyro_dp.primitives.rounding.grid_quantum` (its magnitude
     and a noise of standard deviation about ``sigma``), which adds at most
     ``sqrt(dim) q`` (both data sets).  So
     ``Delta = factor (row_bound + sqrt(dim) q_row / 2) + 2 E + sqrt(dim) q``.
@@ -148,9 +148,9 @@ def release_clipped_sum(
     Parameters
     ----------
     key : jax.random key
-        A secret noise key (:func:`numpyro_dp.secret.noise_key`).
+        A secret noise key (:func:`numpyro_dp.primitives.secret.noise_key`).
     total : (hi, lo)
-        :func:`~numpyro_dp.rounding.exact_sum` of ``num_terms`` rows (zeros for
+        :func:`~numpyro_dp.primitives.rounding.exact_sum` of ``num_terms`` rows (zeros for
         padded rows), each of l2 norm at most ``row_bound``.
     noise_multiplier : float
         ``z``: the noise is ``sigma = z * Delta`` with ``Delta`` the
@@ -414,41 +414,60 @@ class DPKernel(MCMCKernel):
         """A stated per-row gradient clip the warm start can use (None: choose one)."""
         return None
 
-    def calibrated(
+    def __setattr__(self, name: str, value) -> None:
+        if not name.startswith("_") and self.__dict__.get("_frozen", False):
+            raise AttributeError(
+                f"{type(self).__name__}.{name} cannot change: a PrivateMCMC has charged runs "
+                "of this kernel as it is configured, and every later run must be what "
+                f"was charged. Build a new kernel, or take kernel.calibrated({name}=...) "
+                "for an unbound copy."
+            )
+        super().__setattr__(name, value)
+
+    def configure(
         self,
         *,
         noise_multiplier: float | None = None,
         clips: dict[str, float] | None = None,
         preconditioner=None,
+        temperature: float | None = None,
+    ) -> None:
+        """Complete the configuration before the first charged run (the runner's step).
+
+        :class:`~numpyro_dp.PrivateMCMC` sets what it calibrates and chooses
+        here, then :meth:`freeze` s the kernel.  All of it is public: the noise
+        multiplier is calibrated from public facts; the clips and the warm
+        start's Laplace covariance are post-processing of charged releases;
+        DP Barker's temperature is ``n0 / n``.
+        """
+        if noise_multiplier is not None:
+            object.__setattr__(self, "noise_multiplier", check_positive(
+                "noise_multiplier", noise_multiplier, "it scales the noise."))
+        for name, value in (clips or {}).items():
+            object.__setattr__(self, name, check_positive(name, value, "it is a clip bound."))
+        if preconditioner is not None:
+            self._preconditioner = np.asarray(preconditioner)
+        if temperature is not None:
+            object.__setattr__(self, "temperature", float(temperature))
+        self._sample_fn = None  # built afresh for the new configuration
+
+    def freeze(self) -> None:
+        """Refuse every later change of a public parameter (see :meth:`__setattr__`)."""
+        self._frozen = True
+
+    def calibrated(
+        self, *, noise_multiplier: float | None = None, clips: dict[str, float] | None = None
     ) -> DPKernel:
-        """A copy of this kernel with what a runner calibrated or chose; this one is unchanged.
+        """An unbound, unfrozen copy of this kernel with another noise multiplier or clips.
 
-        :class:`~numpyro_dp.PrivateMCMC` runs such copies (``mcmc.sampler``),
-        as jax_privacy returns a calibrated copy of a configuration: the kernel
-        a user built keeps the configuration they gave it.  All three are
-        public: the noise multiplier is calibrated from public facts, the clips
-        and the warm start's Laplace covariance are post-processing of charged
-        releases.
-
-        Parameters
-        ----------
-        noise_multiplier : float, optional
-            The calibrated ``z``.
-        clips : dict, optional
-            Privately chosen clips by attribute name (``llr_clip``, ``grad_clip``).
-        preconditioner : array, optional
-            The warm start's Laplace covariance (the initial mass matrix or
-            proposal covariance where none was stated).
+        The way to vary a kernel that a runner has charged and frozen; what is
+        not given (the calibrated noise, the privately chosen clips) is kept.
+        The copy is not bound to any runner: a new :class:`~numpyro_dp.PrivateMCMC`
+        charges it afresh.
         """
         new = copy.copy(self)
-        if noise_multiplier is not None:
-            new.noise_multiplier = check_positive(
-                "noise_multiplier", noise_multiplier, "it scales the noise.")
-        for name, value in (clips or {}).items():
-            setattr(new, name, check_positive(name, value, "it is a clip bound."))
-        if preconditioner is not None:
-            new._preconditioner = np.asarray(preconditioner)
-        new._sample_fn = None  # built afresh for the new configuration
+        new._frozen, new._charged_by, new._armed_by = False, None, None
+        new.configure(noise_multiplier=noise_multiplier, clips=clips)
         return new
 
     def _metric(self, dense: bool | None, adapt: bool | None, stated, name: str, dtype):

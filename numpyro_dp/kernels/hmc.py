@@ -42,7 +42,6 @@ from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
     ClipRequest,
     DPKernel,
@@ -54,9 +53,10 @@ from numpyro_dp.kernels.base import (
     release_llr,
     warmup_adapter,
 )
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import sum_levels
-from numpyro_dp.secret import noise_key
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
+from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.secret import noise_key
 
 #: Quantiles of the rows' gradient norms that privately chosen clips cover.  A
 #: clipped ratio biases the target; clipped gradients do not, but they steer
@@ -180,7 +180,7 @@ def dp_hmc(
     -------
     init_fn(init_params, step_size, inverse_mass_matrix, rng_key) -> DPHMCState
     sample_fn(state, model_args, model_kwargs, secret) -> DPHMCState
-        ``secret`` is the run secret (:mod:`numpyro_dp.secret`): every noise
+        ``secret`` is the run secret (:mod:`numpyro_dp.primitives.secret`): every noise
         draw comes from it; momenta and the accept test use the state's key.
     """
     pm = private_model
@@ -355,7 +355,7 @@ class DPHMC(DPKernel):
         nominal step size.
     grad_route : {"auto", "jacobian"}
         How the per-row clipped gradient sum is computed (see
-        :mod:`numpyro_dp.gradients`); all routes are exact.
+        :mod:`numpyro_dp.primitives.gradients`); all routes are exact.
     init_strategy : callable
         NumPyro init strategy (prior-based; default ``init_to_uniform``).
 

@@ -20,7 +20,7 @@ and the CLT correction ``sigma_b^2 = (n T / b)^2 (sum_B r_j^2 - R_B^2 / b)``
 (clipped ratios); the release is ``lambda* - sigma_b^2 / 2 + N(0, sigma^2)``
 with ``sigma = z (Delta_lambda + Delta_half_var)``, ``Delta_lambda = 2 n T c / b``
 and ``Delta_half_var = 2 ((b - 1) / b) (n T / b)^2 c^2``.  Its cost is the
-Gaussian's RDP amplified by the sampling (WBK, :mod:`numpyro_dp.rdp`).
+Gaussian's RDP amplified by the sampling (WBK, :mod:`numpyro_dp.accounting.rdp`).
 
 Warm-up adapts the proposal scale (dual averaging on the noisy acceptance
 probability) and the proposal covariance (Welford over the chain's own draws),
@@ -41,7 +41,6 @@ from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.batching import sample_without_replacement
 from numpyro_dp.kernels.base import (
     ClipRequest,
     DPKernel,
@@ -53,8 +52,9 @@ from numpyro_dp.kernels.base import (
     release_llr,
     warmup_adapter,
 )
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import (
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.batching import sample_without_replacement
+from numpyro_dp.primitives.rounding import (
     dw_sum,
     dw_sum_error,
     grid_quantum,
@@ -62,7 +62,7 @@ from numpyro_dp.rounding import (
     grid_sensitivity,
     unit_roundoff,
 )
-from numpyro_dp.secret import noise_key
+from numpyro_dp.primitives.secret import noise_key
 
 PROPOSALS = ("random_walk", "one_coordinate", "guided")
 #: Quantile of the rows' slopes that a privately chosen ``llr_clip`` covers:
@@ -198,7 +198,7 @@ def dp_penalty(
     init_fn(init_params, proposal_scale, covariance, rng_key) -> DPPenaltyState
         ``covariance``: the initial proposal covariance (None: identity).
     sample_fn(state, model_args, model_kwargs, secret) -> DPPenaltyState
-        ``secret`` is the run secret (:mod:`numpyro_dp.secret`): the noise and
+        ``secret`` is the run secret (:mod:`numpyro_dp.primitives.secret`): the noise and
         the batch come from it, proposals and the accept test from the state's
         public key.
     """

@@ -46,8 +46,6 @@ import numpy as np
 from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_dp.batching import poisson_batch, poisson_buffer_size, sample_without_replacement
-from numpyro_dp.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.kernels.base import (
     DPKernel,
     carries_info,
@@ -55,9 +53,15 @@ from numpyro_dp.kernels.base import (
     clipped_sum_sensitivity,
     release_sum_with_noise,
 )
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import sum_levels
-from numpyro_dp.secret import noise_key
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.batching import (
+    poisson_batch,
+    poisson_buffer_size,
+    sample_without_replacement,
+)
+from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
+from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.secret import noise_key
 
 BATCHINGS = ("poisson", "without_replacement")
 SCHEDULES = ("constant", "decreasing")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Run benchmarks/reproduce_linreg.py as K single-threaded shards in parallel,
+# Run reproductions/reproduce_linreg.py as K single-threaded shards in parallel,
 # wait for all of them, then merge the shard CSVs and redraw (--report).
 # First, min(K, 10) processes compile the ten NUTS configurations into JAX's
 # persistent cache ($JAX_COMPILATION_CACHE_DIR, default /tmp/linreg_jax_cache),
 # so that each shard loads them instead of compiling all ten itself.
 #
-#   bash benchmarks/run_linreg_sharded.sh 16                      # full size, 16 cores
-#   bash benchmarks/run_linreg_sharded.sh 2 --quick --runs 1 --dims 2 --out /tmp/t
+#   bash reproductions/run_linreg_sharded.sh 16                      # full size, 16 cores
+#   bash reproductions/run_linreg_sharded.sh 2 --quick --runs 1 --dims 2 --out /tmp/t
 #
 # Extra arguments go to every shard and to --report.  PYTHON picks the
 # interpreter (default: python); logs go to $LOG_DIR (default:
@@ -44,7 +44,7 @@ start=$SECONDS
 P=$((K < 10 ? K : 10))
 pids=()
 for ((i = 0; i < P; i++)); do
-    "$PYTHON" benchmarks/reproduce_linreg.py --compile-only --shard "$i/$P" "$@" \
+    "$PYTHON" reproductions/reproduce_linreg.py --compile-only --shard "$i/$P" "$@" \
         >"$LOG_DIR/compile$i.log" 2>&1 &
     pids+=($!)
 done
@@ -56,7 +56,7 @@ echo "compiled in $((SECONDS - start)) s"
 
 pids=()
 for ((i = 0; i < K; i++)); do
-    "$PYTHON" benchmarks/reproduce_linreg.py --shard "$i/$K" "$@" >"$LOG_DIR/shard$i.log" 2>&1 &
+    "$PYTHON" reproductions/reproduce_linreg.py --shard "$i/$K" "$@" >"$LOG_DIR/shard$i.log" 2>&1 &
     pids+=($!)
 done
 echo "started $K shards (logs in $LOG_DIR)"
@@ -70,5 +70,5 @@ for ((i = 0; i < K; i++)); do
 done
 echo "shards finished: $((SECONDS - start)) s since the start (compile step included)"
 
-"$PYTHON" benchmarks/reproduce_linreg.py --report "$@"
+"$PYTHON" reproductions/reproduce_linreg.py --report "$@"
 exit $failed

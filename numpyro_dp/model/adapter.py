@@ -39,7 +39,7 @@ before any private value is computed: no data plate, several candidate plates,
 observed sites outside the plate, latent sites inside it, discrete latents,
 plate subsampling, NaN/inf in the data, and priors, transforms or factors
 outside the plate that read the data (checked structurally on the traced
-program, see :mod:`numpyro_dp.dataflow`).
+program, see :mod:`numpyro_dp.model.dataflow`).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from numpyro.distributions import biject_to
 from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_dp.dataflow import captured_shapes, depends_on_private
+from numpyro_dp.model.dataflow import captured_shapes, depends_on_private
 
 
 class ModelSpecificationError(ValueError):

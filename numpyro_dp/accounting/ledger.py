@@ -63,7 +63,7 @@ from numpyro_dp.accounting import (
     epsilon_spent,
     noise_multipliers,
 )
-from numpyro_dp.rdp import BarkerDpEvent
+from numpyro_dp.accounting.rdp import BarkerDpEvent
 
 try:
     import fcntl

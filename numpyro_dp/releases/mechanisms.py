@@ -1,7 +1,7 @@
 """One-shot releases of statistics: Gaussian, Laplace, randomized response.
 
 Each mechanism returns a :class:`Release`: the noisy value, its noise scale
-and a :class:`~numpyro_dp.ledger.LedgerEntry` in the conventions of the
+and a :class:`~numpyro_dp.accounting.ledger.LedgerEntry` in the conventions of the
 MCMC kernels, so that a release and a DP-MCMC run can be charged to one
 budget: pass ``ledger=`` (the entry is charged before any noise is drawn),
 then ``PrivateMCMC(..., ledger=ledger)``.  Inference on the release (e.g.
@@ -16,7 +16,7 @@ data's own extreme.
 Floating point (Mironov 2012).  Every release goes through :func:`secret_release`
 and a :class:`GridPlan`:
 
-* the noise key is :func:`~numpyro_dp.secret.noise_key` of a fresh 64-bit
+* the noise key is :func:`~numpyro_dp.primitives.secret.noise_key` of a fresh 64-bit
   secret from the operating system at the user's (public) key, so the key
   does not determine the noise (``reproducible_noise=True``: tests only);
 * the statistic is computed in float64 whatever JAX's global setting, sums
@@ -26,7 +26,7 @@ and a :class:`GridPlan`:
   bound and the rounding to the release grid are added to the stated
   sensitivity before the noise is scaled to it (:func:`grid_plan`), so the
   ledger's noise multiplier is exactly what the accountant charges;
-* the noise is added by :func:`~numpyro_dp.rounding.grid_release`: the
+* the noise is added by :func:`~numpyro_dp.primitives.rounding.grid_release`: the
   statistic is rounded to a power-of-two grid, noise rounded to the same grid
   is added in exact integer arithmetic, and the result is rounded to a cell
   of about sigma / 2^8, so the low-order bits of a release carry no trace of
@@ -62,9 +62,9 @@ from numpyro_dp.accounting import (
     check_neighbourhood,
     sensitivity_factor,
 )
-from numpyro_dp.gradients import vector_clip_bound
-from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
-from numpyro_dp.rounding import (
+from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
+from numpyro_dp.primitives.gradients import vector_clip_bound
+from numpyro_dp.primitives.rounding import (
     as_numpy_float64,
     dw_sum,
     dw_sum_error,
@@ -73,7 +73,7 @@ from numpyro_dp.rounding import (
     grid_sensitivity,
     unit_roundoff,
 )
-from numpyro_dp.secret import noise_key, run_secret
+from numpyro_dp.primitives.secret import noise_key, run_secret
 
 T = TypeVar("T")
 
@@ -144,7 +144,7 @@ def secret_release(
 ) -> T:
     """Charge a release, then compute it from a secret noise key, in float64.
 
-    Every mechanism of this module and of :mod:`numpyro_dp.linreg` releases
+    Every mechanism of this module and of :mod:`numpyro_dp.releases.linreg` releases
     through here.
 
     Parameters
@@ -174,7 +174,7 @@ def secret_release(
 
 
 class GridPlan(NamedTuple):
-    """How one statistic is released on a grid (:func:`~numpyro_dp.rounding.grid_release`).
+    """How one statistic is released on a grid (``grid_release``).
 
     Attributes
     ----------
@@ -263,7 +263,7 @@ def row_product_sum(a, b) -> tuple[jax.Array, jax.Array]:
 
     Blocks of :data:`BLOCK_ROWS` rows are multiplied in float64 (one BLAS
     product each), and the block products are summed by
-    :func:`~numpyro_dp.rounding.dw_sum`; memory ``O(k m n / BLOCK_ROWS)``.
+    :func:`~numpyro_dp.primitives.rounding.dw_sum`; memory ``O(k m n / BLOCK_ROWS)``.
     Error bound: :func:`row_product_error`.  Call under ``jax.enable_x64(True)``.
     """
     a, b = jnp.asarray(a, jnp.float64), jnp.asarray(b, jnp.float64)

@@ -332,7 +332,7 @@ def grid_release(key, hi, lo, scale, quantum, noise: str = "gaussian") -> jax.Ar
     Parameters
     ----------
     key : jax.random key
-        A *secret* key (:func:`numpyro_dp.secret.noise_key`).
+        A *secret* key (:func:`numpyro_dp.primitives.secret.noise_key`).
     hi, lo : array
         The statistic as a double-word pair; it is rounded to ``quantum``, which
         changes it by at most ``quantum / 2`` per coordinate (the caller charges

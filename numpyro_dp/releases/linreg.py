@@ -18,7 +18,7 @@ intercept (append a constant column inside the bound if one is wanted),
 ``theta ~ N(m, C)``, ``sigma_y^2 ~ IG(a, b)``, and, given the holder's true
 ``S_j``, ``z_hat_j ~ N(S_j theta, sigma_y^2 S_j + sigma^2 I)``.
 
-Precision: the releases follow :mod:`numpyro_dp.mechanisms` :
+Precision: the releases follow :mod:`numpyro_dp.releases.mechanisms` :
 secret noise, statistics computed in float64 (blockwise products summed in
 double-word arithmetic) with their error bounds and the grid rounding charged,
 noise added on a grid.  The NUTS models run in JAX's default dtype.  ``S_j``
@@ -48,8 +48,8 @@ from numpyro_dp.accounting import (
     check_delta_for_rows,
     check_neighbourhood,
 )
-from numpyro_dp.ledger import LedgerEntry, PrivacyLedger
-from numpyro_dp.mechanisms import (
+from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
+from numpyro_dp.releases.mechanisms import (
     U64,
     GridPlan,
     Release,
@@ -78,7 +78,7 @@ def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "sub
     Rows with ``||x|| <= x_bound`` and ``|y| <= y_bound``.  Add/remove:
     ``sqrt(x_bound^4 + x_bound^2 y_bound^2)`` (Alparslan 2023, eq. 5.12).
     Substitute: ``sqrt(2 x_bound^4 + 4 x_bound^2 y_bound^2)`` (see
-    :func:`~numpyro_dp.mechanisms.gram_sensitivity`; the ``X^T y`` part
+    :func:`~numpyro_dp.releases.mechanisms.gram_sensitivity`; the ``X^T y`` part
     doubles), below the factor 2 of the triangle inequality.
     """
     bx, by = check_bound("x_bound", x_bound), check_bound("y_bound", y_bound)
@@ -94,10 +94,10 @@ def linreg_plan(
     y_bound: float,
     neighbourhood: str,
 ) -> GridPlan:
-    """:class:`~numpyro_dp.mechanisms.GridPlan` of :func:`linreg_statistic` for n rows.
+    """:class:`~numpyro_dp.releases.mechanisms.GridPlan` of :func:`linreg_statistic` for n rows.
 
     Sensitivity :func:`linreg_sensitivity` at the bounds as computed, plus the
-    error bounds of both sums (:func:`~numpyro_dp.mechanisms.row_product_error`)
+    error bounds of both sums (:func:`~numpyro_dp.releases.mechanisms.row_product_error`)
     and the grid rounding.
     """
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
@@ -156,7 +156,7 @@ class LinRegRelease(NamedTuple):
     def charge_to(self, ledger: PrivacyLedger) -> None:
         """Charge this release to ``ledger`` after the fact (kept for compatibility).
 
-        As :meth:`numpyro_dp.mechanisms.Release.charge_to`: a refused charge
+        As :meth:`numpyro_dp.releases.mechanisms.Release.charge_to`: a refused charge
         raises :class:`~numpyro_dp.PrivacyBudgetError` and the statistics must
         be discarded unpublished; ``release_linreg_stats(..., ledger=)`` charges
         before any noise is drawn instead.
@@ -190,9 +190,9 @@ def release_linreg_stats(
     the largest holder's row count); ``delta`` must be below ``1 / n``.
 
     ``x_bound`` and ``y_bound`` must be fixed a priori; rows beyond them are
-    refused unless ``clip=True`` (see :func:`~numpyro_dp.mechanisms.clip_rows`).
+    refused unless ``clip=True`` (see :func:`~numpyro_dp.releases.mechanisms.clip_rows`).
     ``ledger`` (charged before any noise is drawn) and ``reproducible_noise``
-    (tests only) as in :func:`~numpyro_dp.mechanisms.gaussian_mechanism`.
+    (tests only) as in :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
     X = clip_rows(X, x_bound, clip, "x")
@@ -426,7 +426,7 @@ def adassp(
     """adaSSP (Wang 2018), distributed as in Alparslan (2023, eq. 7.2).
 
     Each holder releases ``lambda_min(S_j)`` (sensitivity ``x_bound^2``),
-    ``S_j`` (:func:`~numpyro_dp.mechanisms.gram_sensitivity`) and ``z_j``
+    ``S_j`` (:func:`~numpyro_dp.releases.mechanisms.gram_sensitivity`) and ``z_j``
     (``X_j^T y_j``), three Gaussian releases with one noise multiplier whose
     tight composition spends (epsilon, delta); each sensitivity also covers
     its computation and grid rounding, the eigenvalue's with the bound
@@ -440,7 +440,7 @@ def adassp(
     same guarantee.  Returns ``theta_hat = (sum S_hat_j + sum lambda_j I)^-1
     sum z_hat_j`` as the release's value.  ``delta`` must be below ``1 / n``;
     ``ledger`` and ``reproducible_noise`` as in
-    :func:`~numpyro_dp.mechanisms.gaussian_mechanism`.
+    :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
     """
     check_neighbourhood(neighbourhood)
     X = clip_rows(X, x_bound, clip, "x")

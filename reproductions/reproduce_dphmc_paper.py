@@ -28,9 +28,9 @@ How runs are batched (documented in ``docs/results/README.md``):
   these budgets: they are capped (``--sg-cap`` per chain) and thinned to at
   most 5000 draws per chain (the paper thinned to 5000 as well).
 
-    python benchmarks/reproduce_dphmc_paper.py            # full grid (hours on 2 cores)
-    python benchmarks/reproduce_dphmc_paper.py --quick    # a smoke test, n = 5000, < 5 min
-    python benchmarks/reproduce_dphmc_paper.py --figures-only
+    python reproductions/reproduce_dphmc_paper.py            # full grid (hours on 2 cores)
+    python reproductions/reproduce_dphmc_paper.py --quick    # a smoke test, n = 5000, < 5 min
+    python reproductions/reproduce_dphmc_paper.py --figures-only
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from jax import random
 from results_csv import append, load
 
 import numpyro_dp as ndp
-from numpyro_dp import models
-from numpyro_dp.diagnostics import mean_error, mmd
+from numpyro_dp.evaluation import models
+from numpyro_dp.evaluation.diagnostics import mean_error, mmd
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 EPSILONS = (2, 4, 6, 8, 10, 12, 15)

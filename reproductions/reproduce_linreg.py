@@ -17,9 +17,9 @@ Each NUTS model is compiled once per (method, d, J) configuration and process
 (:class:`CompiledNUTS`): data, release and epsilon are traced arguments, so
 later runs and epsilons reuse the executable.
 
-    python benchmarks/reproduce_linreg.py            # the paper's size: 50 runs
-    python benchmarks/reproduce_linreg.py --quick    # a few runs, short chains
-    bash benchmarks/run_linreg_sharded.sh 16         # 16 single-threaded shards
+    python reproductions/reproduce_linreg.py            # the paper's size: 50 runs
+    python reproductions/reproduce_linreg.py --quick    # a few runs, short chains
+    bash reproductions/run_linreg_sharded.sh 16         # 16 single-threaded shards
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from numpyro.infer.util import initialize_model  # noqa: E402
 from results_csv import append, load  # noqa: E402
 from scipy.stats import chi2, invwishart  # noqa: E402
 
-from numpyro_dp import linreg as lr  # noqa: E402
-from numpyro_dp.diagnostics import mmd  # noqa: E402
+from numpyro_dp.evaluation.diagnostics import mmd  # noqa: E402
+from numpyro_dp.releases import linreg as lr  # noqa: E402
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "docs" / "results"
 FIELDS = ["experiment", "setting", "run", "epsilon", "method", "test_mse", "mmd", "seconds"]

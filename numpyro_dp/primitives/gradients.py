@@ -9,7 +9,7 @@ row's influence.
 This module builds, once per model, a function
 ``clipped_sum(theta, clip, model_args, model_kwargs) -> (hi, lo)`` by one of two
 exact routes.  The clipped rows are summed by
-:func:`numpyro_dp.rounding.exact_sum` (each rounded to a fine grid, then added
+:func:`numpyro_dp.primitives.rounding.exact_sum` (each rounded to a fine grid, then added
 without rounding) instead of in floating point, whose error grows like ``n u``
 of the sum's size; the pair ``(hi, lo)`` goes to
 :func:`numpyro_dp.kernels.base.release_clipped_sum`, which charges the grid.
@@ -91,8 +91,8 @@ from jax import lax
 from jax.extend.core import Literal
 from jax.flatten_util import ravel_pytree
 
-from numpyro_dp.model import PrivateModel
-from numpyro_dp.rounding import dw_sum, exact_sum, unit_roundoff
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.rounding import dw_sum, exact_sum, unit_roundoff
 
 ROUTES = ("auto", "jacobian", "linear_predictor")
 
@@ -581,8 +581,8 @@ def clipped_grad_sum_fn(
     The returned function also takes ``idx`` (row indices: sum over those rows
     only, at a cost independent of ``n``), ``mask`` (per-index weights in
     {0, 1}: padded slots of a minibatch buffer contribute 0) and ``levels``
-    (of :func:`~numpyro_dp.rounding.exact_sum`, see
-    :func:`~numpyro_dp.rounding.sum_levels`).
+    (of :func:`~numpyro_dp.primitives.rounding.exact_sum`, see
+    :func:`~numpyro_dp.primitives.rounding.sum_levels`).
 
     Parameters
     ----------
@@ -676,7 +676,7 @@ def clipped_grad_and_hessian_sums(
     Frobenius norm ``K``; with ``whiten`` a matrix ``L``, the row's gradient
     and Hessian in the coordinates ``theta = L phi`` (``L^T g``,
     ``L^T H L``) are clipped and summed instead.  Both sums are
-    :func:`~numpyro_dp.rounding.exact_sum` pairs of rows bounded by
+    :func:`~numpyro_dp.primitives.rounding.exact_sum` pairs of rows bounded by
     ``vector_clip_bound(C, d)`` and ``vector_clip_bound(K, d^2)``, so one row
     moves the first by ``C`` and the second by ``K`` (add/remove).  With
     ``hessian_clip=None`` no Hessian is computed and its sum is zeros.

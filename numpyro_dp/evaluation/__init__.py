@@ -1,0 +1,7 @@
+"""Evaluation: models with posteriors known in closed form, and how close draws are.
+
+* :mod:`~numpyro_dp.evaluation.models`: the banana and correlated Gaussian
+  models and their exact posterior draws (``ndp.models``);
+* :mod:`~numpyro_dp.evaluation.diagnostics`: MMD and mean distance against
+  exact draws (``ndp.diagnostics``).
+"""

@@ -1,0 +1,11 @@
+"""Privatising primitives: what every kernel builds its releases from.
+
+* :mod:`~numpyro_dp.primitives.gradients`: sums of per-row clipped
+  log-likelihood gradients (the gradient routes);
+* :mod:`~numpyro_dp.primitives.batching`: minibatches (Poisson and without
+  replacement) drawn from the secret;
+* :mod:`~numpyro_dp.primitives.rounding`: floating-point-safe sums and noise
+  added on a grid, with the rounding charged;
+* :mod:`~numpyro_dp.primitives.secret`: the secret that every noise key
+  derives from.
+"""

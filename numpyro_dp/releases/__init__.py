@@ -1,0 +1,7 @@
+"""Releases of statistics, and inference from them (Alparslan 2023).
+
+* :mod:`~numpyro_dp.releases.mechanisms`: one-shot Gaussian, Laplace and
+  randomized-response releases, charged to a ledger;
+* :mod:`~numpyro_dp.releases.linreg`: Bayesian linear regression from
+  privately released sufficient statistics (``ndp.linreg``).
+"""

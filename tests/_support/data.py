@@ -1,0 +1,41 @@
+"""Small data sets and models with known structure."""
+
+import math
+
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+
+def logistic_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
+
+
+def make_logistic_data(n, d, seed=0, w_true=None):
+    """Covariates with ||x_i|| <= 1, so |l_i(w') - l_i(w)| <= ||w' - w||: with
+    llr_clip >= 1 no log-likelihood ratio is ever clipped."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+    w = np.linspace(1.0, -1.0, d) if w_true is None else np.asarray(w_true)
+    y = (rng.uniform(size=n) < 1.0 / (1.0 + np.exp(-X @ w))).astype(np.float32)
+    return X.astype(np.float32), y
+
+
+def make_linreg_data(n, d, seed=0, noise=0.3):
+    """Rows with ||x|| <= 1 and |y| <= 2 (so bounds 1.2 and 2.5 hold a priori)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) / math.sqrt(d)
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+    theta = np.linspace(1.0, -0.5, d)
+    y = np.clip(X @ theta + noise * rng.normal(size=n), -2, 2)
+    return X, y
+
+
+#: The banana of Räisä, Koskela & Honkela (2021) with n = 1000 rows and row
+#: variances scaled by n / 1e5: its posterior has exactly the law of the
+#: paper's n = 1e5 one, at 1 % of the cost per gradient.
+BANANA_N = 1000
+BANANA_ROW_VAR = (2000.0 * BANANA_N / 1e5, 2500.0 * BANANA_N / 1e5)

@@ -1,0 +1,70 @@
+"""Statistical checks with tolerances from the Monte Carlo error.
+
+MMDs are compared with the spread of MMDs between independent exact samples
+of the chain's effective size; moments with their standard errors from
+effective sample sizes (ESS of the draws for means, ESS of the squared
+deviations for standard deviations; ESS is capped at the number of draws,
+since HMC's antithetic draws make larger estimates fragile).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.diagnostics import effective_sample_size
+
+import numpyro_dp as ndp
+from numpyro_dp.evaluation.diagnostics import mmd
+
+
+def ess(chains):
+    """Per-coordinate ESS of (chains, draws, dim), capped at the number of draws."""
+    return np.minimum(effective_sample_size(np.asarray(chains, np.float64)),
+                      chains.shape[0] * chains.shape[1])
+
+
+def effective_draws(chains, cap=1000):
+    """Thin pooled draws to about the effective sample size (nearly independent)."""
+    size = int(min(np.min(ess(chains)), cap))
+    flat = chains.reshape(-1, chains.shape[-1])
+    return flat[:: max(1, len(flat) // size)][:size]
+
+
+def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=40, min_size=200):
+    """MMD(chain, exact) <= the largest of ``replicates`` MMD(exact, exact) of the
+    same size: an exact sampler fails this with probability 1 / (replicates + 1)."""
+    draws = effective_draws(chains)
+    size = len(draws)
+    assert size >= min_size, f"chain mixed too poorly to test: effective size {size}"
+    observed = mmd(draws, exact_sampler(0, size), rng=0)
+    spread = [mmd(exact_sampler(2 * i + 1, size), exact_sampler(2 * i + 2, size), rng=i)
+              for i in range(replicates)]
+    assert observed <= max(spread), (observed, sorted(spread)[-5:])
+
+
+def moment_errors(chains):
+    """Means, sds and the standard errors of the mean and of log sd."""
+    flat = chains.reshape(-1, chains.shape[-1])
+    mean, var = flat.mean(0), flat.var(0)
+    sq = (chains - mean) ** 2
+    se_mean = np.sqrt(var / ess(chains))
+    se_log_sd = 0.5 * np.sqrt(sq.reshape(len(flat), -1).var(0) / ess(sq)) / var
+    return mean, np.sqrt(var), se_mean, se_log_sd
+
+
+def assert_moments_match(chains, reference_chains, z=4.0):
+    """Means and sds agree within z combined standard errors."""
+    m, s, se_m, se_s = moment_errors(chains)
+    mr, sr, se_mr, se_sr = moment_errors(reference_chains)
+    np.testing.assert_array_less(np.abs(m - mr), z * np.hypot(se_m, se_mr))
+    np.testing.assert_array_less(np.abs(np.log(s / sr)), z * np.hypot(se_s, se_sr))
+
+
+def max_row_grad_norm(model, args, kwargs, draws):
+    """max_i ||grad l_i(theta)|| over ``draws`` (unconstrained points)."""
+    pm = ndp.PrivateModel(model, args, kwargs)
+
+    def norms(theta):
+        rows = lambda t: pm.log_density_terms(pm.unravel(t), args, kwargs).loglik_rows  # noqa: E731
+        return jnp.linalg.norm(jax.jacfwd(rows)(theta), axis=1).max()
+
+    return float(jax.lax.map(norms, jnp.asarray(draws, jnp.float32)).max())
