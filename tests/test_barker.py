@@ -127,6 +127,7 @@ def test_heikkila_mixture_at_epsilon_about_1_matches_nuts_on_the_tempered_model(
 
 
 # ------------------------------------------------------------- budget
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
 def test_budget_is_charged_and_an_unaffordable_run_refused_before_running():
     x = np.random.default_rng(0).normal(size=20_000).astype(np.float32)
     kernel = ndp.DPBarker(mean_model, batch_size=500, proposal_scale=0.05, n0=100)

@@ -139,8 +139,9 @@ def runner(name, nb, chains, method, **kwargs):
     return ndp.PrivateMCMC(make(nb), num_chains=chains, chain_method=method, **options)
 
 
-#: One kernel of each family in make test; the variants in make test-all.
-VARIANTS = {"DPPenalty-guided", "DPSGLD-poisson", "DPSGHMC", "DPSGNHT-decreasing"}
+#: One kernel of each family in make test; the variants in make test-all (DPMALA is
+#: DPHMC's core with one leapfrog step).
+VARIANTS = {"DPPenalty-guided", "DPMALA", "DPSGLD-poisson", "DPSGHMC", "DPSGNHT-decreasing"}
 
 
 @pytest.mark.parametrize("name", [

@@ -335,6 +335,7 @@ WORKER = """
 """
 
 
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
 def test_concurrent_writers_lose_nothing_and_never_overspend(tmp_path):
     free, capped = tmp_path / "free.jsonl", tmp_path / "capped.jsonl"
     affordable = 25

@@ -139,7 +139,8 @@ def test_initial_point_does_not_depend_on_the_data(data):
     np.testing.assert_array_equal(states[0].z["w"], states[1].z["w"])
 
 
-@pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
+@pytest.mark.parametrize("chain_method", [
+    pytest.param("sequential", marks=pytest.mark.slow), "vectorized"])  # sequential: test-all
 def test_warmup_and_every_chain_are_charged(data, chain_method):
     X, y = data
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=50.0)

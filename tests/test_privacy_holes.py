@@ -113,6 +113,7 @@ def test_3_arviz_from_numpyro_cannot_read_the_data(data):
 
 
 # ------------------------------------------------ 4 and 8. noise from a public key
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
 def test_4_same_public_key_gives_different_noise(data):
     X, y = data
     draws = []
