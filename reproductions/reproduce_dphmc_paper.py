@@ -43,6 +43,7 @@ import time
 import zlib
 from collections.abc import Callable
 
+import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -219,7 +220,7 @@ def iterations(kernel: ndp.DPKernel, eps: float, delta: float, cap: int | None =
 
 
 def run_epsilon(kernel: ndp.DPKernel, k: int, delta: float) -> float:
-    event = ndp.accounting.dpa.SelfComposedDpEvent(kernel.per_iteration_event(), CHAINS * k)
+    event = dpa.SelfComposedDpEvent(kernel.per_iteration_event(), CHAINS * k)
     return ndp.epsilon_spent(event, delta, kernel.neighbourhood)
 
 

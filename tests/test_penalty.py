@@ -28,8 +28,12 @@ from numpyro_dp.evaluation.models import (
 #: Noise negligible unless a test says otherwise: checks the sampler, not the privacy.
 run = functools.partial(run_private, epsilon=HUGE_EPSILON)
 
-#: DPPenalty's random walk mixes slower than HMC: fewer effective draws suffice.
-mmd_check = functools.partial(assert_mmd_within_exact_spread, replicates=20, min_size=50)
+#: DPPenalty's random walk mixes slower than HMC: fewer effective draws suffice, and
+#: they are thinned to 2 autocorrelation times (a random walk's draws one time apart
+#: are still correlated, which inflates the MMD: both conjugate Gaussian runs failed
+#: at spacing 1 after the calibrated noise changed in its 7th digit).
+mmd_check = functools.partial(assert_mmd_within_exact_spread, replicates=20, min_size=50,
+                              cap=None, spacing=2)
 
 
 @pytest.mark.slow
@@ -99,7 +103,7 @@ def test_real_noise_without_clipping_is_exact_vs_nuts():
     nuts.run(jax.random.PRNGKey(1), X, y=y)
     reference = np.asarray(nuts.get_samples(group_by_chain=True)["w"])
     assert sigma_over_h > 40
-    assert_moments_match(chains, reference)
+    assert_moments_match(chains, reference, log_sd="normal")
 
 
 def test_proposal_scale_adapts_in_warmup_then_freezes(logistic_data):

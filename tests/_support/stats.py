@@ -22,17 +22,27 @@ def ess(chains):
                       chains.shape[0] * chains.shape[1])
 
 
-def effective_draws(chains, cap=1000):
-    """Thin pooled draws to about the effective sample size (nearly independent)."""
-    size = int(min(np.min(ess(chains)), cap))
+def effective_draws(chains, cap=1000, spacing=1):
+    """Thin pooled draws to ``1 / spacing`` of the effective sample size, at most
+    ``cap`` of them (None: no cap).
+
+    With ``spacing=1`` the draws are one integrated autocorrelation time
+    ``tau = N / ESS`` apart; a random walk's draws are still correlated at that
+    lag (about 0.13 for an AR(1) with tau = 50), which inflates an MMD against
+    independent draws; ``spacing=2`` puts them ``2 tau`` apart (about 0.02).
+    """
+    size = np.min(ess(chains)) / spacing
+    size = int(size if cap is None else min(size, cap))
     flat = chains.reshape(-1, chains.shape[-1])
     return flat[:: max(1, len(flat) // size)][:size]
 
 
-def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=40, min_size=200):
+def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=40, min_size=200,
+                                   cap=1000, spacing=1):
     """MMD(chain, exact) <= the largest of ``replicates`` MMD(exact, exact) of the
-    same size: an exact sampler fails this with probability 1 / (replicates + 1)."""
-    draws = effective_draws(chains)
+    same size: an exact sampler fails this with probability 1 / (replicates + 1)
+    if its thinned draws are independent (see :func:`effective_draws`)."""
+    draws = effective_draws(chains, cap, spacing)
     size = len(draws)
     assert size >= min_size, f"chain mixed too poorly to test: effective size {size}"
     observed = mmd(draws, exact_sampler(0, size), rng=0)
@@ -41,20 +51,29 @@ def assert_mmd_within_exact_spread(chains, exact_sampler, replicates=40, min_siz
     assert observed <= max(spread), (observed, sorted(spread)[-5:])
 
 
-def moment_errors(chains):
-    """Means, sds and the standard errors of the mean and of log sd."""
+def moment_errors(chains, log_sd="fourth_moment"):
+    """Means, sds and the standard errors of the mean and of log sd.
+
+    ``log_sd="fourth_moment"``: from the variance and the ESS of the squared
+    deviations (any target); ``"normal"``: ``1 / sqrt(2 ESS)`` with the ESS of
+    the draws, the normal-theory value (near-Gaussian targets).
+    """
     flat = chains.reshape(-1, chains.shape[-1])
     mean, var = flat.mean(0), flat.var(0)
-    sq = (chains - mean) ** 2
-    se_mean = np.sqrt(var / ess(chains))
-    se_log_sd = 0.5 * np.sqrt(sq.reshape(len(flat), -1).var(0) / ess(sq)) / var
+    n_eff = ess(chains)
+    se_mean = np.sqrt(var / n_eff)
+    if log_sd == "normal":
+        se_log_sd = np.sqrt(1 / (2 * n_eff))
+    else:
+        sq = (chains - mean) ** 2
+        se_log_sd = 0.5 * np.sqrt(sq.reshape(len(flat), -1).var(0) / ess(sq)) / var
     return mean, np.sqrt(var), se_mean, se_log_sd
 
 
-def assert_moments_match(chains, reference_chains, z=4.0):
-    """Means and sds agree within z combined standard errors."""
-    m, s, se_m, se_s = moment_errors(chains)
-    mr, sr, se_mr, se_sr = moment_errors(reference_chains)
+def assert_moments_match(chains, reference_chains, z=4.0, log_sd="fourth_moment"):
+    """Means and sds agree within z combined standard errors (see :func:`moment_errors`)."""
+    m, s, se_m, se_s = moment_errors(chains, log_sd)
+    mr, sr, se_mr, se_sr = moment_errors(reference_chains, log_sd)
     np.testing.assert_array_less(np.abs(m - mr), z * np.hypot(se_m, se_mr))
     np.testing.assert_array_less(np.abs(np.log(s / sr)), z * np.hypot(se_s, se_sr))
 
