@@ -82,17 +82,18 @@ def main():
         # On the device once: a NumPy argument would be copied in at every call, an
         # O(n) cost per timed loop that is not the kernel's.
         args = (jnp.asarray(X), jnp.asarray(y))
-        sgld_p = per_iteration_seconds(ndp.DPSGLD(model, 1e-5, b, 5.0), args,
-                                       opts.iters, opts.repeats)
+        sg = {"step_size": 1e-5, "batch_size": b, "grad_clip": 5.0}
+        sgld_p = per_iteration_seconds(ndp.DPSGLD(model, **sg), args, opts.iters, opts.repeats)
         sgld_w = per_iteration_seconds(
-            ndp.DPSGLD(model, 1e-5, b, 5.0, batching="without_replacement"), args,
+            ndp.DPSGLD(model, **sg, batching="without_replacement"), args,
             opts.iters, opts.repeats)
-        sghmc = per_iteration_seconds(ndp.DPSGHMC(model, 1e-3, b, 5.0, num_steps=5), args,
+        sghmc = per_iteration_seconds(ndp.DPSGHMC(model, **{**sg, "step_size": 1e-3},
+                                                  num_steps=5), args,
                                       opts.iters, opts.repeats) / 5
         hmc_iters = max(2, opts.iters // max(1, n // 100_000))
         hmc = per_iteration_seconds(
-            ndp.DPHMC(model, 1e-3, 5, grad_clip=5.0, llr_clip=1.0, noise_multiplier_grad=10.0,
-                      noise_multiplier_llr=10.0, adapt_step_size=False,
+            ndp.DPHMC(model, step_size=1e-3, num_steps=5, grad_clip=5.0, llr_clip=1.0,
+                      noise_multiplier_grad=10.0, noise_multiplier_llr=10.0, adapt_step_size=False,
                       adapt_mass_matrix=False), args, hmc_iters, opts.repeats) / 6
         print(f"{n:>10} {1e3 * sgld_p:>10.3f} {1e3 * sgld_w:>10.3f} {1e3 * sghmc:>11.3f} "
               f"{1e3 * hmc:>10.3f} {sgld_p / hmc:>12.4f}", flush=True)

@@ -21,6 +21,7 @@ The package in layers (each imports only from the ones above it):
 
 import importlib as _importlib
 import sys as _sys
+import warnings as _warnings
 
 from numpyro_dp import mixing
 from numpyro_dp.accounting import (
@@ -45,16 +46,12 @@ from numpyro_dp.kernels import (
     DPHMCInfo,
     DPHMCState,
     DPKernel,
+    DPMinibatchPenalty,
     DPPenalty,
     DPPenaltyInfo,
     DPPenaltyState,
     DPSGInfo,
     DPSGState,
-)
-from numpyro_dp.kernels.barker import (
-    barker_epsilon,
-    barker_max_batch_size,
-    barker_max_iterations,
 )
 from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
 from numpyro_dp.mixing import MixingReport, MixingWarning
@@ -73,14 +70,12 @@ __all__ = [
     "DPBarker",
     "DPBarkerInfo",
     "DPBarkerState",
-    "barker_epsilon",
-    "barker_max_batch_size",
-    "barker_max_iterations",
     "DPHMC",
     "DPHMCInfo",
     "DPHMCState",
     "DPKernel",
     "DPMALA",
+    "DPMinibatchPenalty",
     "DPPenalty",
     "DPPenaltyInfo",
     "DPPenaltyState",
@@ -127,3 +122,27 @@ _MOVED = {
 for _old, _new in _MOVED.items():
     _sys.modules[f"{__name__}.{_old}"] = globals()[_old] = _importlib.import_module(
         f"{__name__}.{_new}")
+
+#: DP Barker's planners, once top-level, now behind PrivateMCMC.plan (issue 19):
+#: the old name still works until 0.3, with a DeprecationWarning naming the new call.
+_PLANNED_BY_RUNNER = {
+    "barker_epsilon": "PrivateMCMC(DPBarker(model, batch_size=b), ..., epsilon=, delta=)"
+                      ".plan(num_rows=n).epsilon",
+    "barker_max_iterations": "PrivateMCMC(DPBarker(model, batch_size=b), ..., epsilon=, "
+                             "delta=).plan(num_rows=n).max_iterations",
+    "barker_max_batch_size": "PrivateMCMC(DPBarker(model, batch_size=b), ..., epsilon=, "
+                             "delta=).plan(num_rows=n).max_batch_size",
+}
+
+
+def __getattr__(name: str):
+    if name in _PLANNED_BY_RUNNER:
+        _warnings.warn(
+            f"ndp.{name} is deprecated and stops working in numpyro-dp 0.3: plan with "
+            f"{_PLANNED_BY_RUNNER[name]} (every kernel plans the same way), or import it "
+            "from numpyro_dp.kernels.barker.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_importlib.import_module(f"{__name__}.kernels.barker"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

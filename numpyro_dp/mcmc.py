@@ -104,6 +104,9 @@ class RunPlan:
         What to change when it does not fit.
     noise_multipliers : tuple or None
         DPHMC and DPMALA: ``(z_grad, z_llr)``.
+    max_batch_size : int or None
+        Kernels whose batch size sets the cost (DPBarker): the largest batch
+        size whose call fits the budget (0 when none does; needs ``num_rows``).
     """
 
     kernel: str
@@ -116,6 +119,7 @@ class RunPlan:
     max_iterations: int | None
     advice: str
     noise_multipliers: tuple | None = None
+    max_batch_size: int | None = None
 
     def __str__(self) -> str:
         z = "fixed by the dynamics" if self.noise_multiplier is None else (
@@ -129,6 +133,8 @@ class RunPlan:
         ]
         if self.max_iterations is not None:
             lines.append(f"  the budget affords {self.max_iterations} iterations per chain")
+        if self.max_batch_size is not None:
+            lines.append(f"  the largest batch size that fits is {self.max_batch_size}")
         if not self.fits:
             lines.append(f"  {self.advice}")
         return "\n".join(lines)
@@ -583,7 +589,16 @@ class PrivateMCMC(MCMC):
         the rows is used), or only ``num_rows`` (``n``) for kernels whose cost
         depends on it.  Calibrates the noise when the kernel has none, and says
         how many iterations per chain the budget affords (a lower bound, see
-        :func:`~numpyro_dp.max_iterations`).
+        :func:`~numpyro_dp.max_iterations`) and, for kernels whose batch size
+        sets the cost (DPBarker), the largest batch size that fits.  This is
+        the planning API of every kernel.
+
+        Examples
+        --------
+        >>> mcmc = ndp.PrivateMCMC(ndp.DPBarker(model, batch_size=1000), num_warmup=0,
+        ...                        num_samples=20_000, epsilon=1.0, delta=1e-6)
+        >>> p = mcmc.plan(num_rows=10**6)  # doctest: +SKIP
+        >>> p.epsilon, p.max_iterations, p.max_batch_size  # doctest: +SKIP
         """
         kernel = self.sampler
         if model_args or model_kwargs:
@@ -620,10 +635,16 @@ class PrivateMCMC(MCMC):
                 ledger.neighbourhood, ledger.accountant, spent=ledger.event(pending),
             )
         zs = kernel.noise_multipliers(z) if hasattr(kernel, "noise_multipliers") and z else None
+        largest_batch = None
+        if self.epsilon is not None and num_rows is not None:
+            largest_batch = kernel.max_batch_size(
+                num_rows, iterations, self.epsilon, self.delta, self.num_chains,
+                ledger.event(pending),
+            )
         return RunPlan(
             type(kernel).__name__, self.num_chains, iterations,
             None if not kernel.calibrated_noise else z, after, self.epsilon, fits,
-            affordable, advice if fits is False else "", zs,
+            affordable, advice if fits is False else "", zs, largest_batch,
         )
 
     def privacy_spent(self) -> PrivacySpent:

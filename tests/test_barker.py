@@ -23,7 +23,13 @@ from scipy.stats import norm
 
 import numpyro_dp as ndp
 from numpyro_dp.kernels import barker
-from numpyro_dp.kernels.barker import BARKER_C, load_correction, sample_correction
+from numpyro_dp.kernels.barker import (
+    BARKER_C,
+    barker_epsilon,
+    barker_max_iterations,
+    load_correction,
+    sample_correction,
+)
 from numpyro_dp.model.adapter import ModelSpecificationError
 
 
@@ -138,10 +144,14 @@ def test_budget_is_charged_and_an_unaffordable_run_refused_before_running():
     kernel = ndp.DPBarker(mean_model, batch_size=500, proposal_scale=0.05, n0=100)
     mcmc = run(kernel, x, num_warmup=20, num_samples=30, num_chains=2, epsilon=5.0)
     spent = mcmc.privacy_spent()
-    assert spent.epsilon == ndp.barker_epsilon(20_000, 500, 50, 1e-6, num_chains=2)
+    assert spent.epsilon == barker_epsilon(20_000, 500, 50, 1e-6, num_chains=2)
     assert spent.accountant == "rdp" and spent.num_releases == 100
-    affordable = ndp.barker_max_iterations(20_000, 500, 5.0, 1e-6, num_chains=2)
     kernel = ndp.DPBarker(mean_model, batch_size=500, proposal_scale=0.05, n0=100)
+    planned = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=30, num_chains=2,
+                              epsilon=5.0, delta=1e-6).plan(num_rows=20_000)
+    assert planned.epsilon >= spent.epsilon and planned.epsilon == pytest.approx(spent.epsilon)
+    affordable = planned.max_iterations
+    assert affordable == barker_max_iterations(20_000, 500, 5.0, 1e-6, num_chains=2)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=affordable + 1, num_chains=2,
                            epsilon=5.0, delta=1e-6, progress_bar=False)
     with pytest.raises(ndp.PrivacyBudgetError, match=f"affords {affordable} more"):

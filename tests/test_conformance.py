@@ -49,8 +49,8 @@ KERNELS = {
         lambda nb, m=logistic_model: ndp.DPPenalty(m, llr_clip=1.0, proposal_scale=0.05,
                                  proposal="guided", noise_multiplier=2.0, neighbourhood=nb),
         ("substitute",), "pld", 1),
-    "DPPenalty-batch": (
-        lambda nb, m=logistic_model: ndp.DPPenalty(m, llr_clip=1.0, proposal_scale=0.05,
+    "DPMinibatchPenalty": (
+        lambda nb, m=logistic_model: ndp.DPMinibatchPenalty(m, llr_clip=1.0, proposal_scale=0.05,
                                  batch_size=40, temperature=0.3, noise_multiplier=2.0),
         ("substitute",), "rdp", 1),
     "DPBarker": (

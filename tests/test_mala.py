@@ -96,10 +96,10 @@ def test_mala_is_hmc_with_one_step(logistic_data):
               "noise_multiplier_llr": 1.0, "init_strategy": init_to_median,
               "target_accept_prob": 0.6}
     # Same key, same noise: reproducible noise (tests only) makes the runs comparable.
-    mala = run(ndp.DPMALA(logistic_model, 0.1, **common), X, y=y, num_warmup=20,
+    mala = run(ndp.DPMALA(logistic_model, step_size=0.1, **common), X, y=y, num_warmup=20,
                num_samples=30, num_chains=2, reproducible_noise=True)
-    hmc = run(ndp.DPHMC(logistic_model, 0.1, 1, **common), X, y=y, num_warmup=20,
-              num_samples=30, num_chains=2, reproducible_noise=True)
+    hmc = run(ndp.DPHMC(logistic_model, step_size=0.1, num_steps=1, **common), X, y=y,
+              num_warmup=20, num_samples=30, num_chains=2, reproducible_noise=True)
     np.testing.assert_array_equal(mala.get_samples()["w"], hmc.get_samples()["w"])
     assert mala.privacy_spent().epsilon == hmc.privacy_spent().epsilon
 
@@ -112,7 +112,7 @@ def test_releases_made_equal_releases_charged(monkeypatch, logistic_data):
     X, y = logistic_data
     log = counting_release(monkeypatch)
     z_g, z_l, b_g, T = 4.0, 0.5, 0.5, 0.25
-    kernel = ndp.DPMALA(logistic_model, 0.05, grad_clip=b_g, llr_clip=1.0,
+    kernel = ndp.DPMALA(logistic_model, step_size=0.05, grad_clip=b_g, llr_clip=1.0,
                         proposal_variance_factor=2.0, noise_multiplier_grad=z_g,
                         noise_multiplier_llr=z_l, temperature=T,
                         init_strategy=init_to_median)
@@ -125,14 +125,14 @@ def test_releases_made_equal_releases_charged(monkeypatch, logistic_data):
     sigmas = np.array([s for k, s in log if k == 1])
     np.testing.assert_allclose(sigmas, z_g * 2 * b_g, rtol=1e-5)
     # The same cost as DP-HMC with one leapfrog step.
-    hmc = ndp.DPHMC(logistic_model, 0.05, 1, grad_clip=b_g, llr_clip=1.0,
+    hmc = ndp.DPHMC(logistic_model, step_size=0.05, num_steps=1, grad_clip=b_g, llr_clip=1.0,
                     noise_multiplier_grad=z_g, noise_multiplier_llr=z_l)
     assert kernel.per_iteration_event() == hmc.per_iteration_event()
 
 
 def test_calibration_to_a_budget(logistic_data):
     X, y = logistic_data
-    kernel = ndp.DPMALA(logistic_model, 0.05, grad_clip=1.0, llr_clip=1.0,
+    kernel = ndp.DPMALA(logistic_model, step_size=0.05, grad_clip=1.0, llr_clip=1.0,
                         llr_budget_fraction=0.4, init_strategy=init_to_median)
     mcmc = run(kernel, X, y=y, num_warmup=10, num_samples=20, num_chains=2, epsilon=2.0)
     spent = mcmc.privacy_spent()

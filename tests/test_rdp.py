@@ -17,7 +17,12 @@ from numpyro_dp.accounting.rdp import (
     rdp_epsilon,
     wbk_amplify,
 )
-from numpyro_dp.kernels.barker import barker_event
+from numpyro_dp.kernels.barker import (
+    barker_epsilon,
+    barker_event,
+    barker_max_batch_size,
+    barker_max_iterations,
+)
 
 
 def barker_closed_form(a, b):
@@ -59,7 +64,7 @@ def test_wbk_matches_term_by_term_formula(q):
 
 def test_check_figure_spec_s4():
     """n = 1e6, b = 1000, 20000 steps, delta = 1e-6: eps ~ 0.84 (SPEC s4)."""
-    eps = ndp.barker_epsilon(10**6, 1000, 20000, 1e-6)
+    eps = barker_epsilon(10**6, 1000, 20000, 1e-6)
     # SPEC: dp-accounting's conversion over orders 3..(b/5 - 1) on the same curve.
     event = dpa.SelfComposedDpEvent(barker_event(10**6, 1000), 20000)
     orders = np.arange(3, 200)
@@ -118,23 +123,23 @@ def test_no_valid_order_is_infinite_epsilon():
 
 def test_max_iterations_and_max_batch_size_helpers():
     n, b, eps, delta = 10**6, 1000, 1.0, 1e-6
-    k = ndp.barker_max_iterations(n, b, eps, delta)
-    assert ndp.barker_epsilon(n, b, k, delta) <= eps < ndp.barker_epsilon(n, b, k + 1, delta)
-    assert ndp.barker_max_iterations(n, b, eps, delta, num_chains=4) == pytest.approx(k / 4, abs=1)
-    best = ndp.barker_max_batch_size(n, 20000, eps, delta)
-    assert ndp.barker_epsilon(n, best, 20000, delta) <= eps < ndp.barker_epsilon(
+    k = barker_max_iterations(n, b, eps, delta)
+    assert barker_epsilon(n, b, k, delta) <= eps < barker_epsilon(n, b, k + 1, delta)
+    assert barker_max_iterations(n, b, eps, delta, num_chains=4) == pytest.approx(k / 4, abs=1)
+    best = barker_max_batch_size(n, 20000, eps, delta)
+    assert barker_epsilon(n, best, 20000, delta) <= eps < barker_epsilon(
         n, best + 1, 20000, delta)
     assert best > 1000  # the check figure's run (eps 0.84) has room for a larger batch
     # epsilon is U-shaped in b: decreasing then increasing (what the helper relies on),
     # up to q ~ 0.01 here, beyond which the unamplified bound (eps > 100) takes over
     grid = np.unique(np.geomspace(11, n / 100, 40).astype(int))
-    e = np.array([ndp.barker_epsilon(n, int(bb), 20000, delta) for bb in grid])
+    e = np.array([barker_epsilon(n, int(bb), 20000, delta) for bb in grid])
     m = int(np.argmin(e))
     assert np.all(np.diff(e[: m + 1]) <= 1e-9) and np.all(np.diff(e[m:]) >= -1e-9)
-    assert ndp.barker_max_batch_size(n, 10**7, 0.01, delta) == 0
+    assert barker_max_batch_size(n, 10**7, 0.01, delta) == 0
 
 
 @pytest.mark.parametrize("b, match", [(10, ">= 11"), (2000, "exceeds")])
 def test_helpers_reject_bad_batch_size(b, match):
     with pytest.raises(ValueError, match=match):
-        ndp.barker_epsilon(1000, b, 10, 1e-6)
+        barker_epsilon(1000, b, 10, 1e-6)

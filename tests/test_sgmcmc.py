@@ -167,9 +167,8 @@ def test_substitute_poisson_event_uses_sensitivity_two_c(q):
 
 
 def sgld(X, **kw):
-    kw = {"batching": "poisson", **kw}
-    return ndp.DPSGLD(gaussian_model, kw.pop("step_size", 1e-3), kw.pop("batch_size", 10),
-                      kw.pop("grad_clip", 1.0), **kw)
+    kw = {"batching": "poisson", "step_size": 1e-3, "batch_size": 10, "grad_clip": 1.0, **kw}
+    return ndp.DPSGLD(gaussian_model, **kw)
 
 
 @pytest.mark.slow
@@ -306,7 +305,8 @@ def test_sghmc_mean_exact_variance_biased_as_predicted():
     predicted = np.array([
         sghmc_stationary_variance(eta, precision, v, 1.0, steps) for v in V
     ])
-    kernel = ndp.DPSGHMC(gaussian_model, eta, b, 50.0, num_steps=steps,
+    kernel = ndp.DPSGHMC(gaussian_model, step_size=eta, batch_size=b, grad_clip=50.0,
+                         num_steps=steps,
                          batching="without_replacement")
     _, chains = run(kernel, X, 200, 3000)
     check_mean_and_variance(chains, X, predicted)
@@ -314,7 +314,8 @@ def test_sghmc_mean_exact_variance_biased_as_predicted():
 
 def test_sgnht_runs_to_the_posterior_mean():
     X = gaussian_data(1000)
-    kernel = ndp.DPSGNHT(gaussian_model, 0.01, 100, 50.0, num_steps=2,
+    kernel = ndp.DPSGNHT(gaussian_model, step_size=0.01, batch_size=100, grad_clip=50.0,
+                         num_steps=2,
                          batching="without_replacement")
     mcmc, chains = run(kernel, X, 500, 1500)
     mean, _ = exact_posterior(X)

@@ -4,7 +4,13 @@ from numpyro_dp.kernels.barker import DPBarker, DPBarkerInfo, DPBarkerState, dp_
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.kernels.hmc import DPHMC, DPHMCInfo, DPHMCState, dp_hmc
 from numpyro_dp.kernels.mala import DPMALA
-from numpyro_dp.kernels.penalty import DPPenalty, DPPenaltyInfo, DPPenaltyState, dp_penalty
+from numpyro_dp.kernels.penalty import (
+    DPMinibatchPenalty,
+    DPPenalty,
+    DPPenaltyInfo,
+    DPPenaltyState,
+    dp_penalty,
+)
 from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT, DPSGInfo, DPSGState
 
 __all__ = [
@@ -19,6 +25,7 @@ __all__ = [
     "DPHMCInfo",
     "DPHMCState",
     "DPKernel",
+    "DPMinibatchPenalty",
     "DPPenalty",
     "DPPenaltyInfo",
     "DPPenaltyState",

@@ -19,8 +19,9 @@ ratios and how many of them were clipped stay inside ``sample_fn``.  The cost
 of one iteration is the per-step RDP of Heikkilä et al. (2019) amplified by sampling ``b`` of
 ``n`` rows without replacement (:mod:`numpyro_dp.accounting.rdp`); it depends on ``n``,
 ``b`` and the number of iterations only, so there is no noise to calibrate:
-the budget decides how many iterations (or how large a batch) a run affords,
-see :func:`barker_max_iterations` and :func:`barker_max_batch_size`.
+the budget decides how many iterations (or how large a batch) a run affords:
+:meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>` reports both, as for
+every kernel (``max_iterations``, ``max_batch_size``).
 
 The test is exact only up to the CLT for the batch mean and the fit of
 ``V_corr`` (sup CDF error < 1e-3); clipping biases it like any clipping.
@@ -48,6 +49,7 @@ from numpyro_dp.kernels.base import (
     carries_info,
     check_positive,
     clip_ratios,
+    keyword_arguments,
     phase_mean,
 )
 from numpyro_dp.model.adapter import PrivateModel
@@ -105,18 +107,26 @@ def barker_clip(batch_size: int, n0: float, dtype) -> float:
 
 
 # ------------------------------------------------------------- accounting
+#: An empty ledger.
+NOTHING_SPENT = dpa.NoOpDpEvent()
+
+
 def barker_event(num_rows: int, batch_size: int) -> dpa.DpEvent:
     """Privacy cost of one DP Barker iteration: one Barker test on a WOR batch."""
     return dpa.SampledWithoutReplacementDpEvent(num_rows, batch_size, BarkerDpEvent(batch_size))
 
 
 def barker_epsilon(
-    num_rows: int, batch_size: int, num_iterations: int, delta: float, num_chains: int = 1
+    num_rows: int, batch_size: int, num_iterations: int, delta: float, num_chains: int = 1,
+    spent: dpa.DpEvent = NOTHING_SPENT,
 ) -> float:
-    """Epsilon (rounded up) of ``num_chains x num_iterations`` DP Barker iterations."""
+    """Epsilon (rounded up) of ``num_chains x num_iterations`` DP Barker iterations.
+
+    ``spent``: what the ledger holds already, composed before the run.
+    """
     check_batch_size(num_rows, batch_size)
     event = dpa.SelfComposedDpEvent(barker_event(num_rows, batch_size), num_chains * num_iterations)
-    return epsilon_spent(event, delta)
+    return epsilon_spent(dpa.ComposedDpEvent([spent, event]), delta)
 
 
 def barker_max_iterations(
@@ -128,7 +138,8 @@ def barker_max_iterations(
 
 
 def barker_max_batch_size(
-    num_rows: int, num_iterations: int, epsilon: float, delta: float, num_chains: int = 1
+    num_rows: int, num_iterations: int, epsilon: float, delta: float, num_chains: int = 1,
+    spent: dpa.DpEvent = NOTHING_SPENT,
 ) -> int:
     """Largest batch size whose run of ``num_iterations`` per chain fits (epsilon, delta).
 
@@ -139,11 +150,12 @@ def barker_max_batch_size(
     budgets so large that ``b`` reaches ``q = b / n`` of a few percent, epsilon
     stops increasing in ``b`` (the unamplified bound takes over) and the value
     returned, which always fits, may be below the largest that does.
+    ``spent``: what the ledger holds already.
     """
     check_budget(epsilon, delta)
 
     def eps(b):
-        return barker_epsilon(num_rows, b, num_iterations, delta, num_chains)
+        return barker_epsilon(num_rows, b, num_iterations, delta, num_chains, spent)
 
     grid = np.unique(np.geomspace(MIN_BATCH_SIZE, num_rows, 60).astype(int))
     lo = int(grid[np.argmin([eps(int(b)) for b in grid])])
@@ -281,7 +293,8 @@ class DPBarker(DPKernel):
     batch_size : int
         ``b``: rows drawn without replacement per iteration (> 10, <= n).
         Larger batches clip less (the clip is ``sqrt(b) / n0``) but are
-        amplified less; see :func:`barker_max_batch_size`.
+        amplified less; :meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>`
+        says the largest that fits the budget (``max_batch_size``).
     proposal_scale : float
         Standard deviation ``s`` of the Gaussian random walk in unconstrained
         space (fixed; not adapted in warm-up).
@@ -308,13 +321,14 @@ class DPBarker(DPKernel):
     default_fields = ("z", "accepted")
     calibrated_noise = False
 
+    @keyword_arguments("batch_size", "proposal_scale", "n0")
     def __init__(
         self,
         model: Callable,
+        *,
         batch_size: int,
         proposal_scale: float = 0.1,
         n0: float = 100.0,
-        *,
         data_plate: str | None = None,
         init_strategy: Callable = init_to_uniform,
     ):
@@ -354,9 +368,16 @@ class DPBarker(DPKernel):
     def budget_advice(self) -> str:
         return (
             "run fewer iterations or chains, or change batch_size "
-            "(ndp.barker_max_batch_size says which fits; this kernel has no "
-            "noise_multiplier), or state a larger budget"
+            "(PrivateMCMC.plan(num_rows=n).max_batch_size says which fits; this kernel "
+            "has no noise_multiplier), or state a larger budget"
         )
+
+    def max_batch_size(
+        self, num_rows: int, num_iterations: int, epsilon: float, delta: float,
+        num_chains: int, spent: dpa.DpEvent,
+    ) -> int:
+        """The largest batch size whose run fits (see :func:`barker_max_batch_size`)."""
+        return barker_max_batch_size(num_rows, num_iterations, epsilon, delta, num_chains, spent)
 
     def _core(self, num_warmup: int):
         return dp_barker(

@@ -24,7 +24,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
+import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -294,6 +297,74 @@ def carries_info(info_type: type) -> Callable[[type], type]:
     return decorate
 
 
+#: The release from which positional arguments after the model stop working.
+POSITIONAL_REMOVAL = "0.3"
+
+
+def keyword_arguments(*legacy: str) -> Callable[[Callable], Callable]:
+    """Decorator of a kernel's ``__init__(self, model, *, ...)``: one calling convention.
+
+    Every kernel takes the model positionally and everything else by keyword
+    (``DPSGLD(model, step_size=1e-3, batch_size=100, grad_clip=1.0)``): clips,
+    steps and batch sizes read the same in every kernel and cannot be swapped
+    silently.  The positional order of earlier releases, ``legacy``, is still
+    accepted until numpyro-dp :data:`POSITIONAL_REMOVAL`, with a
+    ``DeprecationWarning`` that shows the keyword form.
+    """
+
+    def decorate(init: Callable) -> Callable:
+        @functools.wraps(init)
+        def __init__(self, model, *args, **kwargs):
+            if args:
+                kernel = type(self).__name__
+                if len(args) > len(legacy):
+                    raise TypeError(
+                        f"{kernel} takes the model and then keyword arguments only "
+                        f"({len(args) + 1} positional arguments given)."
+                    )
+                names = legacy[: len(args)]
+                twice = sorted(set(names) & kwargs.keys())
+                if twice:
+                    raise TypeError(f"{kernel} got {twice} both by position and by keyword.")
+                keywords = ", ".join(f"{name}=..." for name in names)
+                warnings.warn(
+                    f"{kernel}(model, <{len(args)} positional>) is deprecated and stops "
+                    f"working in numpyro-dp {POSITIONAL_REMOVAL}: write {kernel}(model, "
+                    f"{keywords}).",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                kwargs.update(zip(names, args, strict=False))
+            init(self, model, **kwargs)
+
+        return __init__
+
+    return decorate
+
+
+def extends(base: type, *, drop: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Decorator of ``__init__(self, model, *, own..., **base_arguments)`` of a subclass.
+
+    The subclass lists only its own arguments and passes the rest on to
+    ``base``; its signature (``help()``, an IDE's completion) shows its own
+    keywords and then ``base``'s, less those in ``drop`` (arguments the
+    subclass fixes, such as DPMALA's one leapfrog step).
+    """
+
+    def decorate(init: Callable) -> Callable:
+        own = inspect.signature(init).parameters
+        inherited = [
+            parameter for name, parameter in inspect.signature(base.__init__).parameters.items()
+            if parameter.kind is parameter.KEYWORD_ONLY and name not in own and name not in drop
+        ]
+        init.__signature__ = inspect.Signature(
+            [p for p in own.values() if p.kind is not p.VAR_KEYWORD] + inherited
+        )
+        return init
+
+    return decorate
+
+
 class DPKernel(MCMCKernel):
     """Base class of the differentially private kernels.
 
@@ -523,6 +594,15 @@ class DPKernel(MCMCKernel):
             return float(dim), 1.0
         diag = np.diag(np.asarray(inverse)) if np.ndim(inverse) == 2 else np.asarray(inverse)
         return float(np.sum(diag)), float(np.max(diag))
+
+    def max_batch_size(
+        self, num_rows: int, num_iterations: int, epsilon: float, delta: float,
+        num_chains: int, spent: dpa.DpEvent,
+    ) -> int | None:
+        """The largest batch size whose run fits the budget, for kernels whose cost is
+        set by their batch size (DPBarker); ``None`` for the others, whose noise
+        multiplier is the knob."""
+        return None
 
     def budget_advice(self) -> str:
         """What a user can change when a run does not fit the budget."""

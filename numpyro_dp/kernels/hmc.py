@@ -47,6 +47,7 @@ from numpyro_dp.kernels.base import (
     DPKernel,
     carries_info,
     check_positive,
+    keyword_arguments,
     penalty_test,
     phase_mean,
     release_clipped_sum,
@@ -374,12 +375,13 @@ class DPHMC(DPKernel):
     #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).
     proposal_variance_factor = 1.0
 
+    @keyword_arguments("step_size", "num_steps")
     def __init__(
         self,
         model: Callable,
+        *,
         step_size: float | None = None,
         num_steps: int = 10,
-        *,
         grad_clip: float | None = None,
         llr_clip: float | None = None,
         noise_multiplier_grad: float | None = None,

@@ -27,9 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from numpyro.infer.initialization import init_to_uniform
-
-from numpyro_dp.kernels.base import check_positive
+from numpyro_dp.kernels.base import check_positive, extends, keyword_arguments
 from numpyro_dp.kernels.hmc import DPHMC
 
 
@@ -44,43 +42,17 @@ class DPMALA(DPHMC):
         ``s``: the proposal is ``N(theta + (s^2/2) M^-1 g(theta), a s^2 M^-1)``
         (initial value when ``adapt_step_size``); derived from the noise by
         default, as for :class:`~numpyro_dp.DPHMC`.
-    grad_clip : float, optional
-        ``b_g``: every row's log-likelihood gradient is clipped to this l2 norm.
-    llr_clip : float, optional
-        ``b_l``: every row's log-likelihood ratio is clipped to ``b_l h`` with
-        ``h = ||theta' - theta||``.  If no ratio is clipped the chain is exact.
-        Omitted clips are chosen privately, as for :class:`~numpyro_dp.DPHMC`.
     proposal_variance_factor : float
         ``a`` of Räisä (2020, s4.2): the proposal variance is ``a s^2`` (1 is plain MALA).
         Larger ``a`` moves further for the same drift.
-    noise_multiplier_grad, noise_multiplier_llr : float, optional
-        ``z_g`` and ``z_l``.  Give both, or neither and let
-        :class:`~numpyro_dp.PrivateMCMC` calibrate them to a budget.
-    llr_budget_fraction : float
-        When calibrated: the fraction of each iteration's zCDP spent on the LLR
-        release; the rest is split equally between the two gradient releases.
-    temperature, neighbourhood, data_plate :
-        As for every kernel (:class:`~numpyro_dp.kernels.base.DPKernel`).
-    inverse_mass_matrix : array, optional
-        Preconditioner ``M^-1`` over the flattened unconstrained parameters
-        (1-D diagonal, 2-D dense); by default the warm start's Laplace
-        covariance, else the identity (as for :class:`~numpyro_dp.DPHMC`).
-    dense_mass : bool, optional
-        Dense rather than diagonal preconditioner (default as for DPHMC).
-    adapt_step_size : bool
-        Dual averaging of ``s`` in warm-up on the noisy acceptance probability.
-    adapt_mass_matrix : bool, optional
-        Estimate ``M^-1`` from warm-up draws (NumPyro's windows); by default
-        only without the warm start's covariance.
     target_accept_prob : float
         Target of the step-size adaptation; 0.574 is optimal for MALA
         (Roberts & Rosenthal 1998).
-    step_size_jitter : float, optional
-        As for :class:`~numpyro_dp.DPHMC` (0 keeps ``s`` fixed).
-    grad_route : {"auto", "jacobian"}
-        How the per-row clipped gradient sum is computed (all exact).
-    init_strategy : callable
-        NumPyro init strategy (prior-based; default ``init_to_uniform``).
+    **hmc_arguments :
+        Every other keyword of :class:`~numpyro_dp.DPHMC` but ``num_steps``
+        (``grad_clip``, ``llr_clip``, the noise multipliers, the mass matrix
+        and its adaptation, ``grad_route``, ...), with the same meaning; the
+        signature lists them.
 
     Notes
     -----
@@ -93,40 +65,25 @@ class DPMALA(DPHMC):
     and is not implemented.
     """
 
+    @keyword_arguments("step_size")
+    @extends(DPHMC, drop=("num_steps",))
     def __init__(
         self,
         model: Callable,
-        step_size: float | None = None,
         *,
-        grad_clip: float | None = None,
-        llr_clip: float | None = None,
+        step_size: float | None = None,
         proposal_variance_factor: float = 1.0,
-        noise_multiplier_grad: float | None = None,
-        noise_multiplier_llr: float | None = None,
-        llr_budget_fraction: float = 0.5,
-        temperature: float = 1.0,
-        neighbourhood: str = "substitute",
-        data_plate: str | None = None,
-        inverse_mass_matrix: Any = None,
-        dense_mass: bool | None = None,
-        adapt_step_size: bool = True,
-        adapt_mass_matrix: bool | None = None,
         target_accept_prob: float = 0.574,
-        step_size_jitter: float | None = None,
-        grad_route: str = "auto",
-        init_strategy: Callable = init_to_uniform,
+        **hmc_arguments: Any,
     ):
+        if "num_steps" in hmc_arguments:
+            raise TypeError(
+                "DPMALA makes exactly one leapfrog step per iteration; use "
+                "DPHMC(model, num_steps=...) for more."
+            )
         super().__init__(
-            model, step_size, 1,
-            grad_clip=grad_clip, llr_clip=llr_clip,
-            noise_multiplier_grad=noise_multiplier_grad,
-            noise_multiplier_llr=noise_multiplier_llr,
-            llr_budget_fraction=llr_budget_fraction, temperature=temperature,
-            neighbourhood=neighbourhood, data_plate=data_plate,
-            inverse_mass_matrix=inverse_mass_matrix, dense_mass=dense_mass,
-            adapt_step_size=adapt_step_size, adapt_mass_matrix=adapt_mass_matrix,
-            target_accept_prob=target_accept_prob, step_size_jitter=step_size_jitter,
-            grad_route=grad_route, init_strategy=init_strategy,
+            model, step_size=step_size, num_steps=1,
+            target_accept_prob=target_accept_prob, **hmc_arguments,
         )
         self.proposal_variance_factor = check_positive(
             "proposal_variance_factor", proposal_variance_factor,

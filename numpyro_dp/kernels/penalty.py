@@ -14,7 +14,7 @@ Each iteration is one Gaussian release with noise multiplier ``z``
 tempered posterior despite the noise (the penalty method); clipping more than
 about 10-20% of the ratios biases it.
 
-With ``batch_size=b`` (Räisä 2020, s4.1) step 2 uses a batch B of
+:class:`DPMinibatchPenalty` (Räisä 2020, s4.1) uses in step 2 a batch B of
 ``b`` rows drawn without replacement: ``lambda* = (n T / b) sum_B clip_c(r_j)``
 and the CLT correction ``sigma_b^2 = (n T / b)^2 (sum_B r_j^2 - R_B^2 / b)``
 (clipped ratios); the release is ``lambda* - sigma_b^2 / 2 + N(0, sigma^2)``
@@ -29,7 +29,9 @@ with NumPyro's windowed schedule.  Both are post-processing of releases.
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -42,11 +44,14 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.kernels.base import (
+    POSITIONAL_REMOVAL,
     ClipRequest,
     DPKernel,
     carries_info,
     check_positive,
     clip_ratios,
+    extends,
+    keyword_arguments,
     penalty_test,
     phase_mean,
     release_llr,
@@ -340,11 +345,9 @@ class DPPenalty(DPKernel):
         the warm start's covariance up to 50 parameters, else diagonal.
     target_accept_prob : float, optional
         Defaults to 0.234 (random walk) or 0.44 (one coordinate, guided).
-    batch_size : int, optional
-        ``b``: evaluate each test on ``b`` rows drawn without replacement
-        (Räisä 2020, s4.1) instead of all ``n``; accounted by RDP with the WBK
-        amplification, ``"substitute"`` neighbourhood only.  The noise grows
-        like ``n / b``, so use it with a temperature ``T`` of order ``n0 / n``.
+    batch_size : None
+        Deprecated: ``DPPenalty(model, batch_size=b)`` makes a
+        :class:`~numpyro_dp.DPMinibatchPenalty`, with a ``DeprecationWarning``.
 
     Notes
     -----
@@ -358,13 +361,28 @@ class DPPenalty(DPKernel):
     private_safe_fields = DPPenaltyState.published_fields
     default_fields = ("z", "accept_prob", "accepted")
     tunable = True
+    #: Rows per test; ``None``: all ``n`` (:class:`DPMinibatchPenalty` sets it).
+    batch_size: int | None = None
 
+    def __new__(cls, *args: Any, batch_size: int | None = None, **kwargs: Any):
+        if cls is DPPenalty and batch_size is not None:
+            warnings.warn(
+                "DPPenalty(model, batch_size=b) is deprecated and stops working in "
+                f"numpyro-dp {POSITIONAL_REMOVAL}: write DPMinibatchPenalty(model, "
+                "batch_size=b), the same kernel.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls = DPMinibatchPenalty
+        return super().__new__(cls)
+
+    @keyword_arguments("llr_clip", "proposal_scale")
     def __init__(
         self,
         model: Callable,
+        *,
         llr_clip: float | None = None,
         proposal_scale: float | None = None,
-        *,
         proposal: str = "random_walk",
         noise_multiplier: float | None = None,
         temperature: float = 1.0,
@@ -375,7 +393,7 @@ class DPPenalty(DPKernel):
         adapt_covariance: bool | None = None,
         dense_covariance: bool | None = None,
         target_accept_prob: float | None = None,
-        batch_size: int | None = None,
+        batch_size: None = None,
     ):
         super().__init__(
             model,
@@ -406,42 +424,15 @@ class DPPenalty(DPKernel):
         self.adapt_proposal_scale = adapt_proposal_scale
         self.adapt_covariance = adapt_covariance
         self.dense_covariance = dense_covariance
-        if batch_size is not None:
-            if not isinstance(batch_size, int) or batch_size < 2:
-                raise ValueError(
-                    f"batch_size={batch_size!r} must be an integer >= 2 (the CLT "
-                    "correction needs a batch variance), or None for the full data."
-                )
-            if neighbourhood != "substitute":
-                raise ValueError(
-                    "batch_size needs neighbourhood='substitute': fixed-size batches "
-                    "drawn without replacement are accounted for a public n."
-                )
-        self.batch_size = batch_size
-
-    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs)
-        if self.batch_size is not None and self.batch_size > pm.num_rows:
-            raise ValueError(
-                f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}; "
-                "choose batch_size <= n, or None for the full data."
-            )
-        return pm
+        if batch_size is not None:  # only DPPenalty.__new__'s deprecated route passes one
+            raise TypeError("batch_size is DPMinibatchPenalty's argument, not DPPenalty's.")
 
     def per_iteration_event(
         self, noise_multiplier: float | None = None, num_rows: int | None = None
     ) -> dpa.DpEvent:
-        """One Gaussian release of the clipped (batch) log-likelihood ratio.
-
-        ``noise_multiplier`` defaults to the kernel's; ``num_rows`` (n) is
-        needed with ``batch_size`` before the kernel has seen the data.
-        """
-        z = self._noise_for_event(noise_multiplier)
-        if self.batch_size is None:
-            return dpa.GaussianDpEvent(z)
-        return dpa.SampledWithoutReplacementDpEvent(
-            self._rows_for_event(num_rows), self.batch_size, dpa.GaussianDpEvent(z)
-        )
+        """One Gaussian release of the clipped log-likelihood ratio (``noise_multiplier``
+        defaults to the kernel's)."""
+        return dpa.GaussianDpEvent(self._noise_for_event(noise_multiplier))
 
     def clip_requests(self) -> tuple[ClipRequest, ...]:
         if self.llr_clip is not None:
@@ -498,3 +489,72 @@ class DPPenalty(DPKernel):
 
     def get_diagnostics_str(self, state: Any) -> str:
         return f"acc. prob={state.mean_accept_prob:.2f}, scale={state.proposal_scale:.2e}"
+
+
+# help(DPPenalty) and IDEs show the arguments of __init__, not __new__'s *args.
+DPPenalty.__new__.__signature__ = inspect.signature(DPPenalty.__init__)
+
+
+class DPMinibatchPenalty(DPPenalty):
+    """The DP penalty test on a minibatch: Räisä (2020, s4.1).
+
+    Each test uses ``b`` rows drawn without replacement instead of all ``n``:
+    the released ratio is ``(n T / b) sum_B clip_c(r_j)`` less half its CLT
+    batch variance, plus Gaussian noise (module docstring).  Its cost is the
+    Gaussian's RDP amplified by the sampling (WBK,
+    :mod:`numpyro_dp.accounting.rdp`), ``"substitute"`` neighbourhood only.
+
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model with a plate over the data rows.
+    batch_size : int
+        ``b``, at least 2 (the CLT correction needs a batch variance) and at
+        most ``n``.  The noise grows like ``n / b``, so use a temperature
+        ``T`` of order ``n0 / n`` (e.g. ``n0 = 100``).
+    **penalty_arguments :
+        Every other keyword of :class:`~numpyro_dp.DPPenalty`, with the same
+        meaning; the signature lists them.
+
+    Notes
+    -----
+    Approximate: the CLT correction makes the test exact only as the batch's
+    log-likelihood ratio becomes Gaussian.
+    """
+
+    @keyword_arguments("llr_clip", "proposal_scale")
+    @extends(DPPenalty, drop=("batch_size",))
+    def __init__(self, model: Callable, *, batch_size: int, **penalty_arguments: Any):
+        super().__init__(model, **penalty_arguments)
+        if not isinstance(batch_size, int) or batch_size < 2:
+            raise ValueError(
+                f"batch_size={batch_size!r} must be an integer >= 2 (the CLT correction "
+                "needs a batch variance); use DPPenalty for the full data."
+            )
+        if self.neighbourhood != "substitute":
+            raise ValueError(
+                "DPMinibatchPenalty needs neighbourhood='substitute': fixed-size batches "
+                "drawn without replacement are accounted for a public n."
+            )
+        self.batch_size = batch_size
+
+    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs)
+        if self.batch_size > pm.num_rows:
+            raise ValueError(
+                f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}; "
+                "choose batch_size <= n, or DPPenalty for the full data."
+            )
+        return pm
+
+    def per_iteration_event(
+        self, noise_multiplier: float | None = None, num_rows: int | None = None
+    ) -> dpa.DpEvent:
+        """The batch release, amplified by sampling ``b`` of ``n`` rows without replacement.
+
+        ``num_rows`` (n) is needed before the kernel has seen the data.
+        """
+        return dpa.SampledWithoutReplacementDpEvent(
+            self._rows_for_event(num_rows), self.batch_size,
+            super().per_iteration_event(noise_multiplier),
+        )

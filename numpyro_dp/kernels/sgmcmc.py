@@ -51,6 +51,8 @@ from numpyro_dp.kernels.base import (
     carries_info,
     check_positive,
     clipped_sum_sensitivity,
+    extends,
+    keyword_arguments,
     release_sum_with_noise,
 )
 from numpyro_dp.model.adapter import PrivateModel
@@ -293,13 +295,14 @@ class _StochasticGradientKernel(DPKernel):
     calibrated_noise = False
     num_steps = 1
 
+    @keyword_arguments("step_size", "batch_size", "grad_clip")
     def __init__(
         self,
         model: Callable,
+        *,
         step_size: float,
         batch_size: int,
         grad_clip: float,
-        *,
         batching: str = "poisson",
         step_schedule: str = "constant",
         temperature: float = 1.0,
@@ -533,9 +536,11 @@ class DPSGHMC(_StochasticGradientKernel):
     performs.
 """
 
-    def __init__(self, model, step_size, batch_size, grad_clip, *, num_steps: int = 10,
-                 friction: float = 1.0, **kwargs):
-        super().__init__(model, step_size, batch_size, grad_clip, **kwargs)
+    @keyword_arguments("step_size", "batch_size", "grad_clip")
+    @extends(_StochasticGradientKernel)
+    def __init__(self, model: Callable, *, num_steps: int = 10, friction: float = 1.0,
+                 **sg_arguments):
+        super().__init__(model, **sg_arguments)
         self.num_steps = check_num_steps(num_steps)
         self.friction = check_positive("friction", friction, "it is C_f, e.g. 1.0.")
 
@@ -568,9 +573,11 @@ class DPSGNHT(_StochasticGradientKernel):
     minibatch-gradient noise only as ``eta -> 0``.
 """
 
-    def __init__(self, model, step_size, batch_size, grad_clip, *, num_steps: int = 1,
-                 diffusion: float = 1.0, **kwargs):
-        super().__init__(model, step_size, batch_size, grad_clip, **kwargs)
+    @keyword_arguments("step_size", "batch_size", "grad_clip")
+    @extends(_StochasticGradientKernel)
+    def __init__(self, model: Callable, *, num_steps: int = 1, diffusion: float = 1.0,
+                 **sg_arguments):
+        super().__init__(model, **sg_arguments)
         self.num_steps = check_num_steps(num_steps)
         self.diffusion = check_positive("diffusion", diffusion, "it is A, e.g. 1.0.")
 

@@ -1,4 +1,4 @@
-"""DPPenalty with batch_size (SPEC s3.1): sensitivity, target, accounting, errors."""
+"""DPMinibatchPenalty (Räisä 2020, s4.1): sensitivity, target, accounting, errors."""
 
 import dp_accounting as dpa
 import jax
@@ -46,7 +46,7 @@ def test_tempered_gaussian_mean_matches_closed_form():
     this checks the batch estimate with its CLT correction."""
     n, n0, b = 20_000, 100.0, 500
     x = np.random.default_rng(0).normal(1.0, 1.0, n).astype(np.float32)
-    kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.1, batch_size=b,
+    kernel = ndp.DPMinibatchPenalty(mean_model, llr_clip=8.0, proposal_scale=0.1, batch_size=b,
                            temperature=n0 / n, noise_multiplier=1e-3)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=500, num_samples=2000, num_chains=4, delta=1e-6,
                            reproducible_noise=True,
@@ -62,7 +62,7 @@ def test_tempered_gaussian_mean_matches_closed_form():
 def test_calibrated_run_is_charged_with_wbk_amplification():
     n, b = 5000, 100
     x = np.random.default_rng(0).normal(size=n).astype(np.float32)
-    kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=b,
+    kernel = ndp.DPMinibatchPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=b,
                            temperature=100 / n)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=30, num_samples=70, num_chains=2, epsilon=1.0,
                            delta=1e-6, progress_bar=False, chain_method="vectorized",
@@ -86,14 +86,14 @@ def test_calibrated_run_is_charged_with_wbk_amplification():
 def test_bad_batch_size_raises_clear_errors(kwargs, match):
     x = np.zeros(5000, np.float32)
     with pytest.raises(ValueError, match=match):
-        kernel = ndp.DPPenalty(mean_model, llr_clip=1.0, **kwargs)
+        kernel = ndp.DPMinibatchPenalty(mean_model, llr_clip=1.0, **kwargs)
         ndp.PrivateMCMC(kernel, num_warmup=1, num_samples=1, epsilon=1.0, delta=1e-6,
                         progress_bar=False).run(jax.random.PRNGKey(0), x)
 
 
 def test_float64_run(x64):
     x = np.random.default_rng(0).normal(1.0, 1.0, 5000)
-    kernel = ndp.DPPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=200,
+    kernel = ndp.DPMinibatchPenalty(mean_model, llr_clip=8.0, proposal_scale=0.05, batch_size=200,
                            temperature=100 / 5000, noise_multiplier=1e-3)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=100, num_samples=200, num_chains=2, delta=1e-6,
                            reproducible_noise=True,

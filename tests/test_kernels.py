@@ -1,0 +1,120 @@
+"""What every kernel shares (numpyro_dp.kernels): one calling convention, one planning API."""
+
+import copy
+import inspect
+
+import numpy as np
+import pytest
+from _support.data import logistic_model, make_logistic_data
+
+import numpyro_dp as ndp
+from numpyro_dp.kernels.barker import barker_epsilon, barker_max_batch_size
+
+KERNELS = [ndp.DPPenalty, ndp.DPMinibatchPenalty, ndp.DPHMC, ndp.DPMALA, ndp.DPBarker,
+           ndp.DPSGLD, ndp.DPSGHMC, ndp.DPSGNHT]
+
+#: The positional order of earlier releases, and a value for each.
+LEGACY = {
+    ndp.DPPenalty: {"llr_clip": 1.0, "proposal_scale": 0.05},
+    ndp.DPHMC: {"step_size": 0.01, "num_steps": 3},
+    ndp.DPMALA: {"step_size": 0.01},
+    ndp.DPBarker: {"batch_size": 100, "proposal_scale": 0.1, "n0": 50.0},
+    ndp.DPSGLD: {"step_size": 1e-3, "batch_size": 10, "grad_clip": 1.0},
+    ndp.DPSGHMC: {"step_size": 1e-3, "batch_size": 10, "grad_clip": 1.0},
+    ndp.DPSGNHT: {"step_size": 1e-3, "batch_size": 10, "grad_clip": 1.0},
+}
+
+
+def public_config(kernel):
+    return {k: v for k, v in vars(kernel).items() if not k.startswith("_")}
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_the_model_is_the_only_positional_argument(kernel):
+    parameters = list(inspect.signature(kernel).parameters.values())
+    assert parameters[0].name == "model"
+    assert all(p.kind is p.KEYWORD_ONLY for p in parameters[1:]), kernel
+    assert "self" not in inspect.signature(kernel).parameters
+
+
+@pytest.mark.parametrize("kernel", list(LEGACY), ids=lambda k: k.__name__)
+def test_the_old_positional_order_still_works_with_a_deprecation_that_shows_the_keywords(kernel):
+    values = LEGACY[kernel]
+    with pytest.warns(DeprecationWarning, match="stops working in numpyro-dp 0.3") as record:
+        old = kernel(logistic_model, *values.values())
+    message = str(record[0].message)
+    assert all(f"{name}=" in message for name in values), message
+    assert record[0].filename == __file__  # points at the caller's line
+    assert public_config(old) == public_config(kernel(logistic_model, **values))
+
+
+def test_positional_misuse_is_refused():
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        ndp.DPMALA(logistic_model, 0.01, 1)
+    with pytest.raises(TypeError, match="both by position and by keyword"):
+        ndp.DPHMC(logistic_model, 0.01, step_size=0.02)
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        ndp.DPMinibatchPenalty(logistic_model, 1.0, 0.05, 100)
+
+
+def test_dpmala_takes_dphmc_arguments_without_relisting_them():
+    mala = inspect.signature(ndp.DPMALA).parameters
+    hmc = inspect.signature(ndp.DPHMC).parameters
+    assert set(mala) == (set(hmc) - {"num_steps"}) | {"proposal_variance_factor"}
+    assert mala["target_accept_prob"].default == 0.574
+    kernel = ndp.DPMALA(logistic_model, grad_clip=2.0, grad_route="jacobian", dense_mass=True)
+    assert (kernel.num_steps, kernel.grad_clip, kernel.grad_route) == (1, 2.0, "jacobian")
+    with pytest.raises(TypeError, match="exactly one leapfrog step"):
+        ndp.DPMALA(logistic_model, num_steps=3)
+
+
+def test_the_minibatch_penalty_is_its_own_kernel_and_the_old_spelling_still_makes_it():
+    kernel = ndp.DPMinibatchPenalty(logistic_model, batch_size=50, llr_clip=1.0,
+                                    temperature=0.1)
+    assert isinstance(kernel, ndp.DPPenalty) and kernel.batch_size == 50
+    assert ndp.DPPenalty(logistic_model, llr_clip=1.0).batch_size is None
+    assert type(ndp.DPPenalty(logistic_model, batch_size=None)) is ndp.DPPenalty
+    with pytest.warns(DeprecationWarning, match="DPMinibatchPenalty"):
+        old = ndp.DPPenalty(logistic_model, batch_size=50, llr_clip=1.0, temperature=0.1)
+    assert type(old) is ndp.DPMinibatchPenalty
+    assert public_config(old) == public_config(kernel)
+    assert type(copy.copy(kernel)) is ndp.DPMinibatchPenalty
+    event = kernel.per_iteration_event(2.0, num_rows=1000)
+    assert (event.sampling_probability if hasattr(event, "sampling_probability")
+            else event.sample_size) == 50
+    with pytest.raises(ValueError, match="integer >= 2"):
+        ndp.DPMinibatchPenalty(logistic_model, batch_size=1)
+    with pytest.raises(TypeError):
+        ndp.DPMinibatchPenalty(logistic_model)  # batch_size is required
+
+
+def test_every_kernel_plans_through_the_runner_and_barker_reports_its_largest_batch():
+    n, delta = 10**6, 1e-8
+    X, y = make_logistic_data(200, 2, seed=0)
+    for kernel in (ndp.DPPenalty(logistic_model, llr_clip=1.0),
+                   ndp.DPSGLD(logistic_model, step_size=1e-4, batch_size=10, grad_clip=1.0)):
+        plan = ndp.PrivateMCMC(kernel, num_warmup=10, num_samples=10, epsilon=3.0,
+                               delta=delta, warm_start=0).plan(X, y=y)
+        assert plan.max_batch_size is None and plan.max_iterations >= 20
+    kernel = ndp.DPBarker(logistic_model, batch_size=500, n0=100)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=100, num_samples=900, num_chains=2,
+                           epsilon=1.0, delta=delta, chain_method="vectorized")
+    plan = mcmc.plan(num_rows=n)
+    assert plan.max_batch_size == barker_max_batch_size(n, 1000, 1.0, delta, num_chains=2)
+    assert plan.max_batch_size > 500
+    assert barker_epsilon(n, plan.max_batch_size, 1000, delta, 2) <= 1.0
+    assert "largest batch size that fits" in str(plan)
+    with pytest.raises(ValueError, match="Pass num_rows=n"):
+        mcmc.plan()
+
+
+@pytest.mark.parametrize("name", ["barker_epsilon", "barker_max_iterations",
+                                  "barker_max_batch_size"])
+def test_top_level_barker_planners_are_deprecated_for_the_runner_plan(name):
+    with pytest.warns(DeprecationWarning, match=r"\.plan\(num_rows=n\)"):
+        function = getattr(ndp, name)
+    assert function is getattr(ndp.kernels.barker, name)
+    assert name not in ndp.__all__
+    with pytest.raises(AttributeError):
+        ndp.no_such_name  # noqa: B018
+    assert np.isfinite(barker_epsilon(10**5, 500, 10, 1e-6))
