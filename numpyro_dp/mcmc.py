@@ -125,6 +125,9 @@ class RunPlan:
         z = "fixed by the dynamics" if self.noise_multiplier is None else (
             f"{self.noise_multiplier:.4g}")
         budget = "none" if self.budget is None else f"{self.budget:.4g}"
+        if self.noise_multipliers is not None:
+            z += " (gradients {:.4g}, log-likelihood ratio {:.4g})".format(
+                *self.noise_multipliers)
         lines = [
             f"{self.kernel}: {self.num_chains} chain(s) x {self.iterations} iterations, "
             f"noise multiplier {z}",
@@ -133,8 +136,11 @@ class RunPlan:
         ]
         if self.max_iterations is not None:
             lines.append(f"  the budget affords {self.max_iterations} iterations per chain")
-        if self.max_batch_size is not None:
+        if self.max_batch_size:
             lines.append(f"  the largest batch size that fits is {self.max_batch_size}")
+        elif self.max_batch_size == 0:
+            lines.append("  no batch size fits: run fewer iterations or chains, or state a "
+                         "larger budget")
         if not self.fits:
             lines.append(f"  {self.advice}")
         return "\n".join(lines)
@@ -470,8 +476,8 @@ class PrivateMCMC(MCMC):
         )
         return PrivacyBudgetError(
             f"This call would run {self.num_chains} chain(s) x {iterations} "
-            f"iterations and bring the total to epsilon={after:.4g} > budget "
-            f"{self.epsilon:.4g} (delta={self.delta:.3g}; spent so far: "
+            f"iterations and bring the total to epsilon={after:.6g} > budget "
+            f"{self.epsilon:.6g} (delta={self.delta:.3g}; spent so far: "
             f"{spent:.4g}). The budget affords {affordable} more iterations per "
             f"chain at this noise level: {kernel.budget_advice()}."
         )
@@ -596,7 +602,7 @@ class PrivateMCMC(MCMC):
         Examples
         --------
         >>> mcmc = ndp.PrivateMCMC(ndp.DPBarker(model, batch_size=1000), num_warmup=0,
-        ...                        num_samples=20_000, epsilon=1.0, delta=1e-6)
+        ...                        num_samples=20_000, epsilon=1.0, delta=1e-7)
         >>> p = mcmc.plan(num_rows=10**6)  # doctest: +SKIP
         >>> p.epsilon, p.max_iterations, p.max_batch_size  # doctest: +SKIP
         """
@@ -616,6 +622,16 @@ class PrivateMCMC(MCMC):
             return kernel.run_event(k, start, z, **rows)
 
         # The clip selection and warm start the call would make come first.
+        tuning_pending = kernel.clip_requests() or (
+            kernel.tunable and self.warm_start != 0 and self.epsilon is not None)
+        if kernel._private_model is None and tuning_pending and warmup_state(self) is None:
+            raise ValueError(
+                f"plan(num_rows=n) cannot plan the clip selection and warm start that this "
+                f"run of {type(kernel).__name__} would make first: they depend on the "
+                "model's parameters. Give plan the model's arguments, mcmc.plan(X, y=y) "
+                "(no value computed from the rows is used), or state the clips and "
+                "PrivateMCMC(warm_start=0)."
+            )
         pending = tuple(self._tuning_entries(self._tuning_plan(None)))
         if self._calibrate and z is None:
             try:

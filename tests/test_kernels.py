@@ -2,6 +2,7 @@
 
 import copy
 import inspect
+import pickle
 
 import numpy as np
 import pytest
@@ -118,3 +119,49 @@ def test_top_level_barker_planners_are_deprecated_for_the_runner_plan(name):
     with pytest.raises(AttributeError):
         ndp.no_such_name  # noqa: B018
     assert np.isfinite(barker_epsilon(10**5, 500, 10, 1e-6))
+
+
+def test_a_misspelt_argument_names_the_kernel_and_the_fix():
+    with pytest.raises(TypeError, match=r"DPSGLD has no argument 'grad_clp'; did you mean grad_c"):
+        ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=10, grad_clp=1.0)
+    with pytest.raises(TypeError, match=r"DPMALA has no argument 'grad_clp'; did you mean"):
+        ndp.DPMALA(logistic_model, grad_clp=1.0)
+
+
+def test_a_calibrated_copy_samples_what_its_runner_charges():
+    """A DPHMC built with a stated (z_grad, z_llr) pair and copied with another
+    noise multiplier must draw the copy's noise (the runner charges that one)."""
+    kernel = ndp.DPHMC(logistic_model, num_steps=3, grad_clip=1.0, llr_clip=1.0,
+                       noise_multiplier_grad=5.0, noise_multiplier_llr=5.0)
+    copy_ = kernel.calibrated(noise_multiplier=100.0)
+    assert copy_.noise_multipliers() == copy_.noise_multipliers(100.0)
+    assert kernel.noise_multipliers() == (5.0, 5.0)
+    with pytest.raises(ValueError, match=r"no clip named \['llr_clp'\]"):
+        kernel.calibrated(clips={"llr_clp": 2.0})
+    with pytest.raises(ValueError, match="no noise multiplier to set"):
+        ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=10,
+                   grad_clip=1.0).calibrated(noise_multiplier=3.0)
+
+
+def test_a_charged_kernel_refuses_reconfiguration_and_pickles():
+    import jax
+
+    X, y = make_logistic_data(100, 2, seed=0)
+    mcmc = ndp.PrivateMCMC(ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=3.0),
+                           num_warmup=2, num_samples=2, delta=1e-4, progress_bar=False,
+                           check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    with pytest.raises(AttributeError, match="cannot change"):
+        mcmc.sampler.configure(noise_multiplier=5.0)
+    mcmc.sampler.configure(noise_multiplier=3.0)  # what it already is: nothing changes
+    restored = pickle.loads(pickle.dumps(mcmc.sampler))
+    assert restored.noise_multiplier == 3.0 and restored._sample_fn is None
+
+
+def test_planning_by_row_count_says_when_it_needs_the_models_arguments():
+    mcmc = ndp.PrivateMCMC(ndp.DPPenalty(logistic_model), num_warmup=10, num_samples=10,
+                           epsilon=5.0, delta=1e-6)
+    with pytest.raises(ValueError, match=r"mcmc.plan\(X, y=y\)"):
+        mcmc.plan(num_rows=2000)
+    X, y = make_logistic_data(2000, 2, seed=0)
+    assert mcmc.plan(X, y=y).fits

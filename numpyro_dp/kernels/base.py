@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import difflib
 import functools
 import inspect
 import math
@@ -315,12 +316,20 @@ def keyword_arguments(*legacy: str) -> Callable[[Callable], Callable]:
     def decorate(init: Callable) -> Callable:
         @functools.wraps(init)
         def __init__(self, model, *args, **kwargs):
+            kernel = type(self).__name__
+            accepted = inspect.signature(init).parameters  # as extends() shows them
+            for name in kwargs.keys() - accepted.keys() - getattr(init, "fixed", set()):
+                close = difflib.get_close_matches(name, list(accepted), n=1)
+                hint = f"; did you mean {close[0]}=?" if close else ""
+                raise TypeError(f"{kernel} has no argument {name!r}{hint} Its arguments: "
+                                f"{', '.join(list(accepted)[2:])}.")
             if args:
-                kernel = type(self).__name__
                 if len(args) > len(legacy):
+                    keywords = ", ".join(f"{name}=..." for name in list(accepted)[2:5])
                     raise TypeError(
                         f"{kernel} takes the model and then keyword arguments only "
-                        f"({len(args) + 1} positional arguments given)."
+                        f"({len(args) + 1} positional arguments given): write "
+                        f"{kernel}(model, {keywords})."
                     )
                 names = legacy[: len(args)]
                 twice = sorted(set(names) & kwargs.keys())
@@ -360,6 +369,7 @@ def extends(base: type, *, drop: tuple[str, ...] = ()) -> Callable[[Callable], C
         init.__signature__ = inspect.Signature(
             [p for p in own.values() if p.kind is not p.VAR_KEYWORD] + inherited
         )
+        init.fixed = set(drop)  # refused by the subclass itself, with its reason
         return init
 
     return decorate
@@ -509,8 +519,29 @@ class DPKernel(MCMCKernel):
         here, then :meth:`freeze` s the kernel.  All of it is public: the noise
         multiplier is calibrated from public facts; the clips and the warm
         start's Laplace covariance are post-processing of charged releases;
-        DP Barker's temperature is ``n0 / n``.
+        DP Barker's temperature is ``n0 / n``.  A frozen kernel refuses any
+        change (its runs were charged as they are).
         """
+        if noise_multiplier is not None and not self.calibrated_noise:
+            raise ValueError(
+                f"{type(self).__name__} has no noise multiplier to set: its noise is fixed "
+                "by its own parameters (step size, batch size)."
+            )
+        clip_names = [n for n in vars(self) if n.endswith("_clip") and not n.startswith("_")]
+        unknown = sorted(set(clips or {}) - set(clip_names))
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no clip named {unknown}; its clips "
+                             f"are {sorted(clip_names)}.")
+        changes = {"noise_multiplier": noise_multiplier, "temperature": temperature,
+                   **(clips or {})}
+        changed = sorted(name for name, value in changes.items()
+                         if value is not None and value != getattr(self, name))
+        if self.__dict__.get("_frozen", False) and (changed or preconditioner is not None):
+            raise AttributeError(
+                f"{type(self).__name__} cannot change {changed or 'its preconditioner'}: a "
+                "PrivateMCMC has charged runs of this kernel as it is configured. Take "
+                "kernel.calibrated(...) for an unbound copy."
+            )
         if noise_multiplier is not None:
             object.__setattr__(self, "noise_multiplier", check_positive(
                 "noise_multiplier", noise_multiplier, "it scales the noise."))
@@ -525,6 +556,10 @@ class DPKernel(MCMCKernel):
     def freeze(self) -> None:
         """Refuse every later change of a public parameter (see :meth:`__setattr__`)."""
         self._frozen = True
+
+    def __getstate__(self) -> dict:
+        # As NumPyro's HMC: the compiled sampler is a closure, rebuilt on the next run.
+        return {**self.__dict__, "_sample_fn": None}
 
     def calibrated(
         self, *, noise_multiplier: float | None = None, clips: dict[str, float] | None = None

@@ -479,6 +479,14 @@ class DPHMC(DPKernel):
         self.grad_route = grad_route
 
     # ------------------------------------------------------------ privacy
+    def configure(self, *, noise_multiplier: float | None = None, **settings) -> None:
+        previous = self.noise_multiplier
+        super().configure(noise_multiplier=noise_multiplier, **settings)
+        if noise_multiplier is not None and noise_multiplier != previous:
+            # A new per-iteration z replaces a stated (z_grad, z_llr) pair: the
+            # sampler must draw the noise that the runner charges.
+            self._explicit = None
+
     def noise_multipliers(self, noise_multiplier: float | None = None) -> tuple[float, float]:
         """``(z_grad, z_llr)``: explicit, or split from the per-iteration ``noise_multiplier``."""
         if noise_multiplier is None and self._explicit is not None:
