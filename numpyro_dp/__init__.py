@@ -16,14 +16,16 @@ The package in layers (each imports only from the ones above it):
   internals);
 * :mod:`~numpyro_dp.releases`: one-shot releases of statistics and inference
   from them (``mechanisms``, ``linreg``);
-* :mod:`~numpyro_dp.evaluation`: reference models and sample-quality metrics.
+* :mod:`~numpyro_dp.evaluation`: reference models and sample-quality metrics;
+  :mod:`~numpyro_dp.audit`: empirical lower bounds on the epsilon a kernel or a
+  release delivers.
 """
 
 import importlib as _importlib
 import sys as _sys
 import warnings as _warnings
 
-from numpyro_dp import mixing
+from numpyro_dp import audit, mixing
 from numpyro_dp.accounting import (
     AccountantWarning,
     PrivacyBudgetError,
@@ -96,6 +98,7 @@ __all__ = [
     "PrivateMCMC",
     "RunPlan",
     "PrivateModel",
+    "audit",
     "calibrate_noise_multiplier",
     "diagnostics",
     "epsilon_spent",

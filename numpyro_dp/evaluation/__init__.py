@@ -3,5 +3,7 @@
 * :mod:`~numpyro_dp.evaluation.models`: the banana and correlated Gaussian
   models and their exact posterior draws (``ndp.models``);
 * :mod:`~numpyro_dp.evaluation.diagnostics`: MMD and mean distance against
-  exact draws (``ndp.diagnostics``).
+  exact draws (``ndp.diagnostics``);
+* :mod:`~numpyro_dp.evaluation.canary`: the canary problem every kernel is
+  audited on (:mod:`numpyro_dp.audit`).
 """

@@ -1,0 +1,211 @@
+"""ndp.audit (issue 20): the audits are sound on the library's mechanisms and catch broken ones.
+
+Every configuration is small and seeded (``reproducible_noise``: the audit's own
+made-up data, so the noise need not be secret).  An audit passes when its
+95%-confidence lower bound is at most the claimed epsilon; each power test
+breaks one mechanism the way a bug would (``audit.fault``: the noise halved,
+the clip skipped for the canary row, a chain not charged) and requires the
+bound to exceed the claim.  ``delta = 0.01`` (n = 20 rows): Gaussian audits have power where
+epsilon(delta) is not set by tail events that a few thousand runs never see.
+"""
+
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import init_to_value
+
+import numpyro_dp as ndp
+from numpyro_dp import audit
+from numpyro_dp.evaluation.canary import (
+    CANARY,
+    DELTA,
+    KERNELS,
+    ROWS,
+    canary_rows,
+    draw_score,
+    mean_model,
+    neighbours,
+)
+from numpyro_dp.kernels import base, penalty
+from numpyro_dp.primitives import gradients
+
+
+def sgld(step_size=1.0):
+    """One full-batch DP-SGLD step from theta = 0: theta_1 = (eta/2) G + N(0, eta), an
+    exact Gaussian channel with mu = sqrt(eta) for a clip of 1 (z = 1 / sqrt(eta))."""
+    return ndp.DPSGLD(mean_model, step_size=step_size, batch_size=ROWS, grad_clip=1.0,
+                      init_strategy=init_to_value(values={"theta": 0.0}))
+
+
+def sgld_audit(chains_per_run=1, num_runs=4000):
+    data, neighbour = neighbours()
+    return audit.multi_run(sgld(), data, neighbour, delta=DELTA, score=draw_score,
+                           num_runs=num_runs, chains_per_run=chains_per_run,
+                           reproducible_noise=True)
+
+
+# ------------------------------------------------------------------ white box
+def scalar_rows():
+    return canary_rows(), -canary_rows()
+
+
+def test_white_box_release_meets_its_claim():
+    result = audit.clipped_sum_release(*scalar_rows(), row_bound=1.0, noise_multiplier=1.0,
+                                       delta=DELTA, reproducible_noise=True)
+    assert result.passed, result
+    assert result.epsilon_lower_bound > 0.9 * result.claimed_epsilon  # and is nearly tight
+    x = np.zeros((ROWS, 3), np.float32)
+    x[-1] = [3.0, 4.0, 0.0]
+    vector = audit.clipped_sum_release(x, -x, row_bound=1.0, noise_multiplier=2.0,
+                                       delta=DELTA, reproducible_noise=True)
+    assert vector.passed and vector.epsilon_lower_bound > 0.9 * vector.claimed_epsilon
+
+
+@pytest.mark.parametrize("broken", ["noise_halved", "canary_unclipped"])
+def test_white_box_release_catches_a_broken_release(broken):
+    with audit.fault(broken):
+        result = audit.clipped_sum_release(*scalar_rows(), row_bound=1.0,
+                                           noise_multiplier=1.0, delta=DELTA,
+                                           reproducible_noise=True)
+    assert not result.passed, result
+    assert "VIOLATES" in str(result)
+
+
+# ------------------------------------------------------------------ multi run
+def test_multi_run_bound_on_known_gaussians():
+    """The bound of N(mu, 1) against N(0, 1) stays below the exact epsilon(mu)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1.0, 1.0, 20_000), rng.normal(0.0, 1.0, 20_000)
+    exact = ndp.accounting.gaussian.gaussian_epsilon(1.0, DELTA)
+    bound = audit.epsilon_lower_bound(a, b, delta=DELTA)
+    assert 0.6 * exact < bound < exact
+    assert audit.epsilon_lower_bound(a, rng.normal(1.0, 1.0, 20_000), delta=DELTA) < 0.2
+
+
+def test_multi_run_audit_of_dpsgld_is_sound():
+    result = sgld_audit()
+    assert result.passed, result
+    assert result.epsilon_lower_bound > 0.3 * result.claimed_epsilon  # it sees the channel
+
+
+@pytest.mark.slow  # make test-all: every kernel (the table is docs/results/audit.md)
+@pytest.mark.parametrize("kernel, neighbourhood", [
+    (k, nb) for k in KERNELS for nb in k.neighbourhoods
+], ids=lambda x: x if isinstance(x, str) else f"{x.name}-{x.data}")
+def test_every_kernel_passes_its_audit(kernel, neighbourhood):
+    result = audit.multi_run(kernel.make(neighbourhood), *neighbours(neighbourhood),
+                             delta=DELTA, score=draw_score, num_runs=4000,
+                             reproducible_noise=True)
+    assert result.passed, result
+
+
+@pytest.mark.parametrize("broken, chains", [
+    ("noise_halved", 1),
+    # make test-all (20 s each on 2 cores): the white-box tests catch the unclipped
+    # canary in make test.
+    pytest.param("canary_unclipped", 1, marks=pytest.mark.slow),
+    pytest.param("chain_not_charged", 2, marks=pytest.mark.slow),
+])
+def test_multi_run_audit_catches_a_broken_kernel(broken, chains):
+    with audit.fault(broken):
+        result = sgld_audit(chains_per_run=chains, num_runs=20_000)
+    assert not result.passed, result
+
+
+@pytest.mark.slow  # make test-all (30 s on 2 cores)
+def test_multi_run_audit_of_dppenalty_catches_an_unclipped_canary():
+    """Black box on the draws alone: with the canary unclipped its ratio decides every
+    accept test, so a step's direction tells the data sets apart."""
+    data, neighbour = neighbours()
+    kernel = ndp.DPPenalty(mean_model, llr_clip=1.0, proposal_scale=0.5, noise_multiplier=1.0,
+                           adapt_proposal_scale=False,
+                           init_strategy=init_to_value(values={"theta": 0.0}))
+    run = {"delta": DELTA, "score": draw_score, "num_runs": 4000, "reproducible_noise": True}
+    sound = audit.multi_run(kernel, data, neighbour, **run)
+    assert sound.passed, sound
+    with audit.fault("canary_unclipped"):
+        assert not audit.multi_run(kernel, data, neighbour, **run).passed
+
+
+@pytest.mark.slow  # make test-all
+def test_default_score_is_the_canarys_log_likelihood():
+    data, neighbour = neighbours()
+    result = audit.multi_run(sgld(0.25), data, neighbour, delta=DELTA,
+                             canary=audit.Dataset(np.array([CANARY], np.float32)),
+                             num_runs=2000, reproducible_noise=True)
+    assert result.passed and result.epsilon_lower_bound > 0
+
+
+# -------------------------------------------------------------------- one run
+def vector_model(x):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0).expand([8]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("x", dist.Normal(theta, 1.0).to_event(1), obs=x)
+
+
+@pytest.mark.slow  # make test-all
+def test_one_run_audit_is_sound():
+    """64 canaries, canary i at 3 s_i e_(i mod 8), each in with probability 1/2 (else a
+    row at 0); a canary scores s_i times its coordinate's posterior mean.  (At these
+    sizes a one-run audit of an MCMC kernel has no power: d = 8 directions for 64
+    canaries.  Its power on known inputs is tested below.)"""
+    index = np.arange(64)
+    canaries = np.zeros((64, 8), np.float32)
+    canaries[index, index % 8] = 3.0 * np.where(index % 2 == 0, 1.0, -1.0)
+
+    def score(samples, canaries):
+        x = canaries.args[0]
+        return (samples["theta"].mean(0) * x).sum(1)
+
+    kernel = ndp.DPPenalty(vector_model, llr_clip=3.0, noise_multiplier=2.0,
+                           proposal="one_coordinate")
+    result = audit.one_run(kernel, audit.Dataset(np.zeros((100, 8), np.float32)),
+                           audit.Dataset(canaries), delta=1e-4, score=score,
+                           null_row=audit.Dataset(np.zeros((1, 8), np.float32)),
+                           num_warmup=100, num_samples=200, reproducible_noise=True)
+    assert result.passed, result
+    assert result.method == "one-run" and result.num_trials == 64
+
+
+def test_one_run_bound_from_guesses():
+    rng = np.random.default_rng(1)
+    included = rng.random(1000) < 0.5
+    perfect = audit.one_run_epsilon_lower_bound(included.astype(float), included, delta=1e-5)
+    blind = audit.one_run_epsilon_lower_bound(rng.random(1000), included, delta=1e-5)
+    assert perfect > 3 and blind < 0.5
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_audits_are_refused_with_the_fix():
+    data, neighbour = neighbours()
+    with pytest.raises(ValueError, match="State the kernel's clips"):
+        audit.multi_run(ndp.DPPenalty(mean_model), data, neighbour, delta=DELTA,
+                        score=draw_score)
+    with pytest.raises(ValueError, match="canary="):
+        audit.multi_run(sgld(), data, neighbour, delta=DELTA)
+    with pytest.raises(ValueError, match="confidence"):
+        audit.epsilon_lower_bound([1.0], [0.0], delta=DELTA, confidence=1.5)
+    with pytest.raises(ValueError, match="use one of"):
+        with audit.fault("noise_doubled"):
+            pass
+
+
+def test_a_fault_is_undone_when_its_block_ends():
+    release, clip = base.grid_release, gradients.clip_weights
+    with audit.fault("noise_halved"), audit.fault("canary_unclipped"):
+        assert base.grid_release is not release and gradients.clip_weights is not clip
+    assert base.grid_release is release and gradients.clip_weights is clip
+    assert penalty.clip_ratios is base.clip_ratios
+
+
+@pytest.mark.slow  # make test-all: the README's example, as a user would run it
+def test_readme_example_runs_and_catches_the_fault(capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Auditing")[1]
+    code = section.split("```python\n")[1].split("```")[0]
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "consistent with the claim" in printed and "VIOLATES the claim" in printed
