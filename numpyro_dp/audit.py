@@ -23,11 +23,11 @@ they have power against broken mechanisms, not as a proof of privacy.
 * :func:`fault` injects the bugs an audit must catch (the noise halved, the
   clip skipped for the canary row, a chain not charged), to check that an
   audit has the power to see them.
-* :func:`clipped_sum_release` (white-box): the library's Gaussian release of
-  a clipped sum, drawn many times on two neighbouring sets of rows; the
-  realised sensitivity and noise standard deviation give the release's
-  Gaussian privacy parameter ``mu`` and its epsilon, compared with the
-  accountant's.
+* :func:`clipped_sum_release` and :func:`batch_llr_release` (white-box): the
+  library's Gaussian releases (of a clipped sum; of DPMinibatchPenalty's batch
+  statistic), drawn many times on two neighbouring sets of rows; the realised
+  sensitivity and noise standard deviation give the release's Gaussian
+  privacy parameter ``mu`` and its epsilon, compared with the accountant's.
 
 The bounds themselves are computed by DeepMind's ``jax_privacy.auditing``
 (``CanaryScoreAuditor``): the threshold is chosen on one half of the scores
@@ -56,7 +56,7 @@ from scipy import stats
 
 from numpyro_dp.accounting import epsilon_spent, sensitivity_factor
 from numpyro_dp.accounting.gaussian import gaussian_epsilon
-from numpyro_dp.kernels import base
+from numpyro_dp.kernels import base, penalty
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.primitives import gradients
 from numpyro_dp.primitives.rounding import exact_sum
@@ -438,32 +438,90 @@ def clipped_sum_release(
     """
     _check_confidence(confidence, delta)
     factor = sensitivity_factor(neighbourhood)
-    sums, releases = [], []
-    secret = run_secret(jax.random.PRNGKey(seed), reproducible_noise, "this audit")
-    for side, raw in enumerate((rows, neighbour_rows)):
+    sides = []
+    for raw in (rows, neighbour_rows):
         clipped, bound = _clip_rows(jnp.asarray(raw), row_bound)
         total = exact_sum(clipped, bound)
-        keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), side), num_draws)
 
         def draw(key, total=total, n=clipped.shape[0], bound=bound):
-            return base.release_clipped_sum(noise_key(secret, key), total, n, bound,
+            return base.release_clipped_sum(key, total, n, bound,
                                             noise_multiplier=noise_multiplier,
                                             sensitivity_factor=factor)[0]
 
-        releases.append(np.asarray(jax.vmap(draw)(keys), np.float64).reshape(num_draws, -1))
-        sums.append(np.asarray(total[0], np.float64).reshape(-1)
-                    + np.asarray(total[1], np.float64).reshape(-1))
-    difference = sums[0] - sums[1]
+        exact = np.asarray(total[0], np.float64) + np.asarray(total[1], np.float64)
+        sides.append((draw, exact))
+    return _white_box(sides, factor * row_bound, noise_multiplier, delta, neighbourhood,
+                      num_draws, confidence, seed, reproducible_noise)
+
+
+def batch_llr_release(
+    ratios: Any,
+    neighbour_ratios: Any,
+    *,
+    clip: float,
+    scale: float,
+    noise_multiplier: float,
+    delta: float,
+    num_draws: int = 20_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    reproducible_noise: bool = False,
+) -> AuditResult:
+    """White-box audit of DPMinibatchPenalty's release, as :func:`clipped_sum_release`.
+
+    ``ratios`` and ``neighbour_ratios`` are the log-likelihood ratios of one
+    batch of ``b`` rows that differ in one row (``"substitute"``), before
+    clipping to ``clip``; ``scale = n T / b``.  The release is the batch's
+    ``lambda* - sigma_b^2 / 2`` plus Gaussian noise
+    (:func:`~numpyro_dp.kernels.penalty.release_batch_llr`).  The claim is one
+    such release with noise multiplier ``z``, before any amplification by the
+    sampling of the batch (the batch is fixed here).
+    """
+    _check_confidence(confidence, delta)
+    factor = sensitivity_factor("substitute")
+    sides = []
+    for raw in (ratios, neighbour_ratios):
+        r = jnp.asarray(raw)
+
+        def draw(key, r=r):
+            return penalty.release_batch_llr(key, r, clip, scale,
+                                             noise_multiplier=noise_multiplier,
+                                             sensitivity_factor=factor)[0]
+
+        sides.append((draw, np.asarray(penalty.batch_llr(r, clip, scale, factor)[0],
+                                       np.float64)))
+    b = np.shape(ratios)[0]
+    nominal = factor * (scale * clip + (b - 1) / b * scale**2 * clip**2)
+    return _white_box(sides, nominal, noise_multiplier, delta, "substitute", num_draws,
+                      confidence, seed, reproducible_noise)
+
+
+def _white_box(sides, nominal, noise_multiplier, delta, neighbourhood, num_draws, confidence,
+               seed, reproducible_noise) -> AuditResult:
+    """``mu`` of a Gaussian release from its draws on two neighbours, and its epsilon.
+
+    ``sides``: ``(draw(key) -> release, exact value)`` per data set.  Along the
+    difference of the exact values the releases are ``value + N(0, sigma^2)``:
+    the realised sensitivity and a ``confidence`` upper bound on ``sigma``
+    (chi-square) give a lower bound on ``mu``.
+    """
+    secret = run_secret(jax.random.PRNGKey(seed), reproducible_noise, "this audit")
+    releases, exact = [], []
+    for side, (draw, value) in enumerate(sides):
+        keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), side), num_draws)
+        released = jax.vmap(lambda key, draw=draw: draw(noise_key(secret, key)))(keys)
+        releases.append(np.asarray(released, np.float64).reshape(num_draws, -1))
+        exact.append(np.asarray(value, np.float64).reshape(-1))
+    difference = exact[0] - exact[1]
     realised = float(np.linalg.norm(difference))
     direction = difference / realised if realised > 0 else np.eye(len(difference))[0]
-    noise = np.concatenate([(r - s) @ direction for r, s in zip(releases, sums, strict=True)])
+    noise = np.concatenate([(r - v) @ direction for r, v in zip(releases, exact, strict=True)])
     dof = len(noise)
     sigma_hat = float(np.sqrt(np.mean(noise**2)))
     sigma_upper = sigma_hat * math.sqrt(dof / stats.chi2.ppf(1 - confidence, dof))
     mu_lower = realised / sigma_upper
     bound = gaussian_epsilon(mu_lower, delta) if mu_lower > 0 else 0.0
     claimed = epsilon_spent(dpa.GaussianDpEvent(noise_multiplier), delta, neighbourhood)
-    nominal = factor * row_bound
     details = (f"noise sd / nominal sensitivity = {sigma_hat / nominal:.4g} (z = "
                f"{noise_multiplier:g}); realised sensitivity / nominal = "
                f"{realised / nominal:.4g}")

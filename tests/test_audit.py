@@ -9,6 +9,8 @@ bound to exceed the claim.  ``delta = 0.01`` (n = 20 rows): Gaussian audits have
 epsilon(delta) is not set by tail events that a few thousand runs never see.
 """
 
+import contextlib
+
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -22,6 +24,7 @@ from numpyro_dp.evaluation.canary import (
     DELTA,
     KERNELS,
     ROWS,
+    batch_ratios,
     canary_rows,
     draw_score,
     mean_model,
@@ -70,6 +73,17 @@ def test_white_box_release_catches_a_broken_release(broken):
                                            reproducible_noise=True)
     assert not result.passed, result
     assert "VIOLATES" in str(result)
+
+
+@pytest.mark.parametrize("broken", [None, "noise_halved", "canary_unclipped"])
+def test_white_box_audit_of_the_minibatch_penalty_release(broken):
+    with audit.fault(broken) if broken else contextlib.nullcontext():
+        result = audit.batch_llr_release(*batch_ratios(), clip=1.0, scale=2.0,
+                                         noise_multiplier=1.0, delta=DELTA,
+                                         reproducible_noise=True)
+    assert result.passed == (broken is None), result
+    if broken is None:  # the worst case is reached: the audit is nearly tight
+        assert "realised sensitivity / nominal = 1" in result.details
 
 
 # ------------------------------------------------------------------ multi run

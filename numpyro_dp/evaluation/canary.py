@@ -58,6 +58,17 @@ def neighbours(neighbourhood: str = "substitute") -> tuple[Dataset, Dataset]:
     return Dataset(x), Dataset(other)
 
 
+def batch_ratios() -> tuple[np.ndarray, np.ndarray]:
+    """A batch of 10 log-likelihood ratios, 9 beyond a clip of 1 and the canary at +5
+    against -5: the worst case of DPMinibatchPenalty's statistic, whose half batch
+    variance changes with the canary too."""
+    ratios = np.full(10, 2.0, np.float32)
+    ratios[-1] = CANARY
+    neighbour = ratios.copy()
+    neighbour[-1] = -CANARY
+    return ratios, neighbour
+
+
 def draw_score(samples: dict, extra: dict) -> np.ndarray:
     """A run's draws summed: higher when the canary at +5 was in the data."""
     return samples["theta"].sum(axis=(1, 2))
