@@ -28,6 +28,7 @@ from numpyro_dp.evaluation.canary import (
     DELTA,
     KERNELS,
     ROWS,
+    barker_batch,
     batch_ratios,
     canary_rows,
     draw_score,
@@ -35,19 +36,21 @@ from numpyro_dp.evaluation.canary import (
 )
 
 READING = """How to read it: every bound holds with 95% confidence, so a bound above its
-claim is a bug.  An attacker that sees a kernel's release directly gets close
-to its claim: the white-box rows, and the stochastic-gradient kernels, whose
-draw is the noisy gradient step itself.  The accept/reject kernels (DPPenalty,
-DPHMC, DPMALA, DPBarker, DPMinibatchPenalty) publish a draw that moved or did
-not, which shows little of the noisy release, so their bounds sit far below
-their claims and a halved noise goes unseen in their draws; the Gaussian
-releases of DPPenalty, DPHMC and DPMALA all pass through the one gate that the
-white-box rows audit (`release_clipped_sum`), and DPMinibatchPenalty's through
-its own (`release_batch_llr`), where halving is caught.  The
-claims of DPBarker and of batches drawn without replacement are RDP upper
-bounds (Wang, Balle & Kasiviswanathan's amplification), loose at n = 20.
-DPSGHMC's second step changes only the momentum that the next iteration
-redraws, so half of what it is charged never reaches a draw.
+claim is a bug.  An attacker that sees a Gaussian release directly gets close
+to its claim: the white-box rows of the Gaussian releases, and the
+stochastic-gradient kernels, whose draw is the noisy gradient step itself.
+The accept/reject kernels (DPPenalty, DPHMC, DPMALA, DPBarker,
+DPMinibatchPenalty) publish a draw that moved or did not, which shows little
+of the noisy release, so their bounds sit far below their claims and a halved
+noise goes unseen in their draws; the Gaussian releases of DPPenalty, DPHMC
+and DPMALA all pass through the one gate that the white-box rows audit
+(`release_clipped_sum`), and DPMinibatchPenalty's through its own
+(`release_batch_llr`), where halving is caught; DP Barker's test is audited
+white-box on a fixed batch, where a skipped clip is caught.  The claims of
+DPBarker and of batches drawn without replacement are RDP upper bounds (Wang,
+Balle & Kasiviswanathan's amplification), loose at n = 20.  DPSGHMC's second
+step changes only the momentum that the next iteration redraws, so half of
+what it is charged never reaches a draw.
 """
 
 
@@ -84,6 +87,10 @@ def main(argv=None) -> int:
                                      noise_multiplier=1.0, delta=DELTA)
     print(row("DPMinibatchPenalty's release (white box)", "b = 10, z = 1", "substitute",
               result, time.perf_counter() - start), flush=True)
+    start = time.perf_counter()
+    result = audit.barker_test(barker_batch(), -barker_batch(), n0=50, delta=DELTA)
+    print(row("DP Barker's test (white box)", "b = 50, n0 = 50", "substitute", result,
+              time.perf_counter() - start), flush=True)
     for name, data, neighbourhoods, make in KERNELS:
         for nb in neighbourhoods:
             start = time.perf_counter()
@@ -97,7 +104,8 @@ def main(argv=None) -> int:
     print("| fault | audited | claimed epsilon | lower bound | verdict | trials | time |")
     print("|---|---|---|---|---|---|---|")
     cases = [("noise_halved", None, 1), ("canary_unclipped", None, 1),
-             ("noise_halved", "batch", 1), ("canary_unclipped", "batch", 1)]
+             ("noise_halved", "batch", 1), ("canary_unclipped", "batch", 1),
+             ("canary_unclipped", "barker", 1)]
     seen = set()
     for index, (name, *_) in enumerate(KERNELS):
         if name in seen:  # DPSGLD's batchings: its full-batch run stands for all
@@ -114,6 +122,10 @@ def main(argv=None) -> int:
                 what = "Gaussian release (white box)"
                 result = audit.clipped_sum_release(rows, -rows, row_bound=1.0,
                                                    noise_multiplier=1.0, delta=DELTA)
+            elif index == "barker":
+                what = "DP Barker's test (white box)"
+                result = audit.barker_test(barker_batch(), -barker_batch(), n0=50,
+                                           delta=DELTA)
             elif index == "batch":
                 what = "DPMinibatchPenalty's release (white box)"
                 result = audit.batch_llr_release(*batch_ratios(), clip=1.0, scale=2.0,

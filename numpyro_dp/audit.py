@@ -27,7 +27,8 @@ they have power against broken mechanisms, not as a proof of privacy.
   library's Gaussian releases (of a clipped sum; of DPMinibatchPenalty's batch
   statistic), drawn many times on two neighbouring sets of rows; the realised
   sensitivity and noise standard deviation give the release's Gaussian
-  privacy parameter ``mu`` and its epsilon, compared with the accountant's.
+  privacy parameter ``mu`` and its epsilon, compared with the accountant's;
+  :func:`barker_test`, DP Barker's accept test on a fixed batch.
 
 The bounds themselves are computed by DeepMind's ``jax_privacy.auditing``
 (``CanaryScoreAuditor``): the threshold is chosen on one half of the scores
@@ -56,7 +57,7 @@ from scipy import stats
 
 from numpyro_dp.accounting import epsilon_spent, sensitivity_factor
 from numpyro_dp.accounting.gaussian import gaussian_epsilon
-from numpyro_dp.kernels import base, penalty
+from numpyro_dp.kernels import barker, base, penalty
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.primitives import gradients
 from numpyro_dp.primitives.rounding import exact_sum
@@ -494,6 +495,45 @@ def batch_llr_release(
     nominal = factor * (scale * clip + (b - 1) / b * scale**2 * clip**2)
     return _white_box(sides, nominal, noise_multiplier, delta, "substitute", num_draws,
                       confidence, seed, reproducible_noise)
+
+
+def barker_test(
+    ratios: Any,
+    neighbour_ratios: Any,
+    *,
+    n0: float,
+    delta: float,
+    num_draws: int = 20_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    reproducible_noise: bool = False,
+) -> AuditResult:
+    """White-box audit of one DP Barker test on a fixed batch (Heikkilä et al. 2019).
+
+    ``ratios`` and ``neighbour_ratios``: the ``b`` log-likelihood ratios of one
+    batch on two data sets that differ in one row, before the clip
+    ``sqrt(b) / n0``.  The test's decision is drawn ``num_draws`` times on
+    each, and :func:`epsilon_lower_bound` bounds epsilon from how often it
+    accepts (the canary should raise the ratio on ``ratios``).  The claim is
+    one test before any amplification by the sampling of the batch.
+    """
+    _check_confidence(confidence, delta)
+    secret = run_secret(jax.random.PRNGKey(seed), reproducible_noise, "this audit")
+    correction = barker.load_correction()
+    decisions = []
+    for side, raw in enumerate((ratios, neighbour_ratios)):
+        r = jnp.asarray(raw)
+        lam, var_b = barker.barker_statistics(r, barker.barker_clip(r.shape[0], n0, r.dtype), n0)
+        keys = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(seed), side), num_draws)
+        accept = jax.vmap(lambda key, lam=lam, var_b=var_b: barker.barker_decision(
+            noise_key(secret, key), lam, var_b, correction))(keys)
+        decisions.append(np.asarray(accept, np.float64))
+    b = np.shape(ratios)[0]
+    claimed = epsilon_spent(barker.BarkerDpEvent(b), delta)
+    bound = epsilon_lower_bound(*decisions, delta=delta, confidence=confidence)
+    return AuditResult("white-box", claimed, delta, bound, confidence, num_draws,
+                       f"accepted {decisions[0].mean():.3f} with the canary, "
+                       f"{decisions[1].mean():.3f} without")
 
 
 def _white_box(sides, nominal, noise_multiplier, delta, neighbourhood, num_draws, confidence,

@@ -24,6 +24,7 @@ from numpyro_dp.evaluation.canary import (
     DELTA,
     KERNELS,
     ROWS,
+    barker_batch,
     batch_ratios,
     canary_rows,
     draw_score,
@@ -84,6 +85,14 @@ def test_white_box_audit_of_the_minibatch_penalty_release(broken):
     assert result.passed == (broken is None), result
     if broken is None:  # the worst case is reached: the audit is nearly tight
         assert "realised sensitivity / nominal = 1" in result.details
+
+
+@pytest.mark.parametrize("broken", [None, "canary_unclipped"])
+def test_white_box_audit_of_the_barker_test(broken):
+    with audit.fault(broken) if broken else contextlib.nullcontext():
+        result = audit.barker_test(barker_batch(), -barker_batch(), n0=50, delta=DELTA,
+                                   reproducible_noise=True)
+    assert result.passed == (broken is None), result
 
 
 # ------------------------------------------------------------------ multi run

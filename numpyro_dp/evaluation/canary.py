@@ -69,6 +69,14 @@ def batch_ratios() -> tuple[np.ndarray, np.ndarray]:
     return ratios, neighbour
 
 
+def barker_batch() -> np.ndarray:
+    """A batch of 50 log-likelihood ratios, 49 at 0 and the canary at +5 (its neighbour
+    has -5): DP Barker's test with ``n0 = 50`` clips the canary to 0.14."""
+    ratios = np.zeros(50, np.float32)
+    ratios[-1] = CANARY
+    return ratios
+
+
 def draw_score(samples: dict, extra: dict) -> np.ndarray:
     """A run's draws summed: higher when the canary at +5 was in the data."""
     return samples["theta"].sum(axis=(1, 2))

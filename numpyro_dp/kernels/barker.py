@@ -93,6 +93,17 @@ def barker_decision(key: jax.Array, lam: jax.Array, var_b: jax.Array, correction
     return lam + noise > 0  # nan (e.g. -inf + inf) compares False: reject
 
 
+def barker_statistics(ratio: jax.Array, clip: float, n0: float) -> tuple[jax.Array, jax.Array]:
+    """``(lambda, sigma_b^2)`` of a batch's ratios, clipped to ``clip``: the tempered
+    log-likelihood ratio ``n0 * mean`` (prior excluded) and its CLT variance, capped at 1."""
+    batch_size = ratio.shape[0]
+    ratio = clip_ratios(ratio, clip)
+    total, squares = dw_sum(ratio), dw_sum(ratio * ratio)
+    mean = (total[0] + total[1]) / batch_size
+    second = (squares[0] + squares[1]) / batch_size
+    return n0 * mean, jnp.clip(n0**2 / batch_size * (second - mean * mean), 0.0, 1.0)
+
+
 def barker_clip(batch_size: int, n0: float, dtype) -> float:
     """Per-row clip of the ratios: ``sqrt(b) / n0``, less a rounding margin.
 
@@ -267,13 +278,8 @@ def dp_barker(
         new = pm.log_density_terms(z_new, model_args, model_kwargs, idx=batch)
 
         # Private: lambda, sigma_b^2 and the ratios never leave this function.
-        ratio = clip_ratios(new.loglik_rows - old.loglik_rows, clip)
-        total, squares = dw_sum(ratio), dw_sum(ratio * ratio)
-        mean = (total[0] + total[1]) / batch_size
-        lam = n0 * mean + new.prior - old.prior
-        second = (squares[0] + squares[1]) / batch_size
-        var_b = jnp.clip(n0**2 / batch_size * (second - mean * mean), 0.0, 1.0)
-        accepted = barker_decision(key_noise, lam, var_b, correction)
+        lam, var_b = barker_statistics(new.loglik_rows - old.loglik_rows, clip, n0)
+        accepted = barker_decision(key_noise, lam + new.prior - old.prior, var_b, correction)
 
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         i = state.i
