@@ -50,7 +50,9 @@ white-box on a fixed batch, where a skipped clip is caught.  The claims of
 DPBarker and of batches drawn without replacement are RDP upper bounds (Wang,
 Balle & Kasiviswanathan's amplification), loose at n = 20.  DPSGHMC's second
 step changes only the momentum that the next iteration redraws, so half of
-what it is charged never reaches a draw.
+what it is charged never reaches a draw.  The runs draw secret noise, as a
+user's do, so the bounds vary between runs of this script: a fault whose bound
+is near its claim may be caught in one run and missed in the next.
 """
 
 
