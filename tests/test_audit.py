@@ -106,6 +106,7 @@ def test_multi_run_bound_on_known_gaussians():
     assert audit.epsilon_lower_bound(a, rng.normal(1.0, 1.0, 20_000), delta=DELTA) < 0.2
 
 
+@pytest.mark.slow  # make test-all (20 s): make test keeps the white-box audits
 def test_multi_run_audit_of_dpsgld_is_sound():
     result = sgld_audit()
     assert result.passed, result
@@ -123,12 +124,11 @@ def test_every_kernel_passes_its_audit(kernel, neighbourhood):
     assert result.passed, result
 
 
+@pytest.mark.slow  # make test-all (20 s each): the white-box tests catch both faults in make test
 @pytest.mark.parametrize("broken, chains", [
     ("noise_halved", 1),
-    # make test-all (20 s each on 2 cores): the white-box tests catch the unclipped
-    # canary in make test.
-    pytest.param("canary_unclipped", 1, marks=pytest.mark.slow),
-    pytest.param("chain_not_charged", 2, marks=pytest.mark.slow),
+    ("canary_unclipped", 1),
+    ("chain_not_charged", 2),
 ])
 def test_multi_run_audit_catches_a_broken_kernel(broken, chains):
     with audit.fault(broken):
