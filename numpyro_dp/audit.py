@@ -281,32 +281,22 @@ def multi_run(
     -------
     AuditResult
     """
-    from numpyro_dp.mcmc import PrivateMCMC  # the runner sits above this module's users
-
     _check_confidence(confidence, delta)
-    if kernel.clip_requests():
-        raise ValueError(
-            "State the kernel's clips for an audit (e.g. llr_clip=1.0): an audit runs "
-            "the sampler, not the private clip selection, and its canary should be "
-            "extreme within a known clip."
-        )
+    _check_clips_stated(kernel)
     if score is None:
         if canary is None:
             raise ValueError("Give score=, or canary= (the canary row as a Dataset) for "
                              "the default score, its log-likelihood at the draws.")
         score = canary_log_likelihood(kernel.model, canary)
     options = {"num_warmup": num_warmup, "num_samples": num_samples, "delta": delta,
-               "chain_method": "vectorized", "progress_bar": False, "check_mixing": False,
-               "warm_start": 0, **runner_options}
+               **runner_options}
     key = jax.random.PRNGKey(seed)
-    claim = PrivateMCMC(kernel.calibrated(), num_chains=chains_per_run, epsilon=epsilon,
-                        **options)
+    claim = _runner(kernel, chains_per_run, epsilon, **options)
     claim.run(jax.random.fold_in(key, 0), *data.args, **data.kwargs)
     claimed = claim.privacy_spent().epsilon
     all_scores = []
     for side, dataset in enumerate((data, neighbour), start=1):
-        mcmc = PrivateMCMC(claim.sampler.calibrated(), num_chains=num_runs * chains_per_run,
-                           epsilon=None, **options)
+        mcmc = _runner(claim.sampler, num_runs * chains_per_run, None, **options)
         mcmc.run(jax.random.fold_in(key, side), *dataset.args, extra_fields=extra_fields,
                  **dataset.kwargs)
         samples, extra = _runs_output(mcmc, num_runs, chains_per_run, extra_fields)
@@ -347,26 +337,40 @@ def one_run(
     AuditResult
         The claim is what the run's ledger charged.
     """
-    from numpyro_dp.mcmc import PrivateMCMC
-
     _check_confidence(confidence, delta)
-    if kernel.clip_requests():
-        raise ValueError("State the kernel's clips for an audit (e.g. llr_clip=1.0).")
+    _check_clips_stated(kernel)
     m = _num_rows(canaries)
     included = np.random.default_rng(seed).random(m) < 0.5
     rows = [_take(canaries, np.flatnonzero(included))]
     if null_row is not None:
         rows.append(_repeat(null_row, m - int(included.sum())))
     audited = _concatenate([data, *rows])
-    mcmc = PrivateMCMC(kernel.calibrated(), num_chains=num_chains, num_warmup=num_warmup,
-                       num_samples=num_samples, epsilon=epsilon, delta=delta,
-                       chain_method="vectorized", progress_bar=False, check_mixing=False,
-                       warm_start=0, **runner_options)
+    mcmc = _runner(kernel, num_chains, epsilon, num_warmup=num_warmup,
+                   num_samples=num_samples, delta=delta, **runner_options)
     mcmc.run(jax.random.PRNGKey(seed), *audited.args, **audited.kwargs)
     scores = np.asarray(score(mcmc.get_samples(), canaries), np.float64).reshape(m)
     bound = one_run_epsilon_lower_bound(scores, included, delta=delta, confidence=confidence)
     return AuditResult("one-run", mcmc.privacy_spent().epsilon, delta, bound, confidence, m,
                        f"{type(kernel).__name__}, {int(included.sum())} of {m} canaries in")
+
+
+def _check_clips_stated(kernel: DPKernel) -> None:
+    if kernel.clip_requests():
+        raise ValueError(
+            "State the kernel's clips for an audit (e.g. llr_clip=1.0): an audit runs "
+            "the sampler, not the private clip selection, and its canary should be "
+            "extreme within a known clip."
+        )
+
+
+def _runner(kernel: DPKernel, num_chains: int, epsilon: float | None, **options: Any):
+    """A :class:`~numpyro_dp.PrivateMCMC` of an unbound copy of ``kernel`` for audit runs:
+    vectorized chains, no warm start, no mixing check (``options`` may override)."""
+    from numpyro_dp.mcmc import PrivateMCMC  # the runner sits above this module's users
+
+    options = {"chain_method": "vectorized", "progress_bar": False, "check_mixing": False,
+               "warm_start": 0, **options}
+    return PrivateMCMC(kernel.calibrated(), num_chains=num_chains, epsilon=epsilon, **options)
 
 
 def _num_rows(dataset: Dataset) -> int:
