@@ -33,17 +33,32 @@ def x64():
     jax.config.update("jax_enable_x64", old)
 
 
+#: Memory maps above which a worker frees its compiled programs (Linux's
+#: vm.max_map_count is 65530 by default).
+MAX_MEMORY_MAPS = 20_000
+
+
+def memory_maps() -> int:
+    try:
+        with open("/proc/self/maps") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux
+        return 0
+
+
 @pytest.fixture(autouse=True, scope="module")
 def release_compiled_programs():
-    """Free each test module's compiled programs when it ends.
+    """Free the worker's compiled programs after a module once they hold many memory maps.
 
     Every XLA CPU executable holds memory maps: 5 conformance tests leave a worker
-    with about 6900 (measured from /proc/self/maps), and a worker that kept every
-    program of the whole suite neared Linux's vm.max_map_count (65530), where
-    XLA's compiler crashed with a segmentation fault (2 of 4 full runs, late in a
-    worker, in test_sgmcmc and test_conformance).  Clearing JAX's caches at the
-    end of a module brought the count back to about 1500.
+    with about 6900 (/proc/self/maps), and a worker that kept every program of the
+    whole suite neared Linux's vm.max_map_count (65530), where XLA's compiler
+    crashed with a segmentation fault (2 of 4 full runs, late in a worker, in
+    test_sgmcmc and test_conformance).  Clearing JAX's caches brings the count
+    back to about 1500; doing it after every module cost 70 s of make test's
+    wall time (recompiled programs), so only past :data:`MAX_MEMORY_MAPS`.
     """
     yield
-    jax.clear_caches()
-    gc.collect()
+    if memory_maps() > MAX_MEMORY_MAPS:
+        jax.clear_caches()
+        gc.collect()
