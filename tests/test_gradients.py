@@ -76,6 +76,44 @@ def nan_shared_model(X, y=None):
         numpyro.factor("f", jnp.sqrt(X @ w) * s - s**2)
 
 
+J = 5  # groups of the hierarchical models
+
+
+def hierarchical_model(X, g, y=None):
+    # Centred group effects: each row reads one entry of ``a``.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    mu = numpyro.sample("mu", dist.Normal(0, 3))
+    a = numpyro.sample("a", dist.Normal(mu, 1.0).expand([J]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(a[g] + X @ w, sigma), obs=y)
+
+
+def hier_logistic_model(X, g, y=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    a = numpyro.sample("a", dist.Normal(0, 1).expand([3 * J]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=a[g] + X @ w), obs=y)
+
+
+def slopes_model(x, g, y=None):
+    # Random intercepts and slopes: each row reads two numbers of ``ab``, one twice.
+    ab = numpyro.sample("ab", dist.Normal(0, 1).expand([J, 2]).to_event(2))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", x.shape[0]):
+        loc = ab[g, 0] + ab[g, 1] * x + 0.1 * ab[g, 0] ** 2
+        numpyro.sample("y", dist.Normal(loc, sigma), obs=y)
+
+
+def non_centred_model(X, g, y=None):
+    # a = mu + tau z: the rows read a function of the block, not the block.
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    z = numpyro.sample("z", dist.Normal(0, 1).expand([J]).to_event(1))
+    a = 0.5 + tau * z
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(a[g] + X[:, 0], 1.0), obs=y)
+
+
 def _data(name):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(N, K))
@@ -102,19 +140,36 @@ def _data(name):
         return nan_model, (X,), {}
     if name == "nan_shared":
         return nan_shared_model, (X,), {}
+    g = rng.integers(0, J, size=N)
+    if name == "hierarchical":
+        return hierarchical_model, (X, g), {"y": rng.normal(size=N) + g}
+    if name == "hier_logistic":
+        return hier_logistic_model, (X, 3 * g), {"y": (rng.uniform(size=N) < 0.5).astype(float)}
+    if name == "slopes":
+        return slopes_model, (X[:, 0], g), {"y": rng.normal(size=N) * g}
+    if name == "non_centred":
+        return non_centred_model, (X, g), {"y": rng.normal(size=N) + g}
     raise KeyError(name)
 
 
-# name -> (route auto takes, cut, m, q)
+# name -> (route auto takes, cut, m, q, coordinates in indexed blocks).  Only the
+# single-contraction linear predictor (m=1, q=0) beats the general route, and only
+# while d is at most twice the general route's numbers per row.
+GENERAL = ("jacobian", None, None, None, 0)
 EXPECTED = {
-    "logistic": ("linear_predictor", "linear", 1, 0),
-    "linreg": ("linear_predictor", "linear", 1, 2),
-    "poisson": ("linear_predictor", "linear", 1, 0),
-    "banana": ("linear_predictor", "parameter", 0, 2),
-    "gaussian": ("linear_predictor", "parameter", 0, K),
-    "two_sites": ("linear_predictor", "linear", 2, 0),
-    "factor": ("linear_predictor", "linear", 1, 0),
-    "wide": ("jacobian", None, None, None),
+    "logistic": ("linear_predictor", "linear", 1, 0, 0),
+    "linreg": GENERAL,
+    "poisson": ("linear_predictor", "linear", 1, 0, 0),
+    "banana": GENERAL,
+    "gaussian": GENERAL,
+    "two_sites": GENERAL,
+    "factor": ("linear_predictor", "linear", 1, 0, 0),
+    "wide": GENERAL,
+    "hierarchical": ("jacobian", None, None, None, J),
+    # d = 3 + 15 would be formed whole per row by the linear predictor; 4 by the general route.
+    "hier_logistic": ("jacobian", None, None, None, 3 * J),
+    "slopes": ("jacobian", None, None, None, 2 * J),
+    "non_centred": ("linear_predictor", "linear", 1, 0, 0),
 }
 
 
@@ -157,9 +212,10 @@ def test_routes_equal_loop_over_rows(x64, name):
     pm, args, kwargs, theta = _setup(name)
     ref, clip, norms = _loop_reference(name, theta)
     assert 0 < np.sum(norms > clip) < pm.num_rows  # the clip bites on some rows only
-    route, cut, m, q = EXPECTED[name]
+    route, cut, m, q, indexed = EXPECTED[name]
     choice = select_route(pm, args, kwargs)
-    assert (choice.route, choice.cut, choice.row_width, choice.shared_width) == (route, cut, m, q)
+    assert (choice.route, choice.cut, choice.row_width, choice.shared_width,
+            choice.indexed) == (route, cut, m, q, indexed)
     for r in ("auto", "jacobian"):
         fn, taken = clipped_grad_sum(pm, r, args, kwargs)
         assert taken == (route if r == "auto" else r)
@@ -168,7 +224,7 @@ def test_routes_equal_loop_over_rows(x64, name):
 
 
 @pytest.mark.parametrize("block", [5, 8, N])  # 4 blocks + 4 rows; 3 blocks; one block
-@pytest.mark.parametrize("name", ["linreg", "nan"])
+@pytest.mark.parametrize("name", ["linreg", "nan", "hierarchical"])
 def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, block):
     monkeypatch.setattr(gradients, "ROW_BLOCK", block)
     pm, args, kwargs, theta = _setup(name)
@@ -200,7 +256,6 @@ def test_nonfinite_rows_contribute_zero(x64, name):
     pm, args, kwargs, theta = _setup(name)
     ref, clip, norms = _loop_reference(name, theta)
     assert 0 < np.sum(~np.isfinite(norms)) < pm.num_rows
-    assert select_route(pm, args, kwargs).route == "linear_predictor"
     for r in ("auto", "linear_predictor", "jacobian"):
         fn, _ = clipped_grad_sum(pm, r)
         out = jax.jit(fn)(theta, clip, args, kwargs)
@@ -241,7 +296,7 @@ def test_dp_hmc_routes_agree(x64):
 
     pm, args, kwargs, _ = _setup("linreg")
     states = {}
-    for route in ("auto", "jacobian"):
+    for route in ("linear_predictor", "jacobian"):
         init_fn, sample_fn = dp_hmc(
             pm, 0, num_steps=2, grad_clip=1.0, llr_clip=1.0, noise_multiplier_grad=2.0,
             noise_multiplier_llr=2.0, sensitivity_factor=2.0, adapt_step_size=False,
@@ -255,4 +310,60 @@ def test_dp_hmc_routes_agree(x64):
             state
         )
         states[route] = pm.ravel(state.z)
-    np.testing.assert_allclose(states["auto"], states["jacobian"], rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(states["linear_predictor"], states["jacobian"], rtol=1e-9,
+                               atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["hierarchical", "slopes"])
+def test_indexed_blocks_give_the_dense_sum(request, dtype, name):
+    """Compressing the group effects gives the dense route's sum (same grid), with
+    minibatch indices and masks; the per-row gradients are computed by different
+    programs, so in float32 they agree to a few units in the last place."""
+    if dtype == np.float64:
+        request.getfixturevalue("x64")
+    if True:
+        model, args, kwargs = _data(name)
+        rng = np.random.default_rng(5)
+        n = 3000
+        X = rng.normal(size=(n, K)).astype(dtype)
+        g = rng.integers(0, J, size=n)
+        args = (X[:, 0], g) if name == "slopes" else (X, g)
+        kwargs = {"y": (rng.normal(size=n) * 3 + g).astype(dtype)}
+        pm = PrivateModel(model, args, kwargs)
+        theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), args, kwargs)).astype(dtype)
+        plan = gradients._plan(pm, theta.shape, theta.dtype, args, kwargs, "jacobian")
+        assert plan.indexed is not None
+        idx, mask = jnp.arange(0, n, 3), jnp.arange(n // 3) % 4 > 0
+        for kw in ({}, {"idx": idx, "mask": mask}):
+            fast = jax.jit(lambda t, c, kw=kw: gradients._jacobian_sum(
+                pm, plan, t, c, args, kwargs, **kw))(theta, 1.5)
+            dense = jax.jit(lambda t, c, kw=kw: gradients._jacobian_sum(
+                pm, None, t, c, args, kwargs, **kw))(theta, 1.5)
+            tol = 1e-12 if dtype == np.float64 else 1e-5
+            np.testing.assert_allclose(sum(fast), sum(dense), rtol=tol,
+                                       atol=tol * float(jnp.abs(sum(dense)).max()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n, entries, width", [(1000, 7, 1), (300_000, 13, 3), (3_000_000, 5, 1)])
+def test_exact_segment_sum_is_exact_sum_of_the_scattered_rows(request, dtype, n, entries, width):
+    """Bit for bit, also when a segment's total needs more bits than the integer type
+    (3e6 one-signed rows in float32: three chunks), and at the second level."""
+    from numpyro_dp.primitives.rounding import exact_segment_sum, exact_sum
+
+    if dtype == np.float64:
+        request.getfixturevalue("x64")
+    rng = np.random.default_rng(n)
+    values = rng.normal(size=(n, width)).astype(dtype)
+    values /= np.maximum(1, np.linalg.norm(values, axis=1, keepdims=True))
+    values[: n // 2] = np.abs(values[: n // 2])
+    ids = rng.integers(0, entries, size=n)
+    dense = np.zeros((n, entries, width), dtype)
+    dense[np.arange(n), ids] = values
+    dense = jnp.asarray(dense.reshape(n, entries * width))
+    for levels in (1, 2):
+        sparse = exact_segment_sum(jnp.asarray(values), jnp.asarray(ids), entries, 1.0,
+                                   levels=levels)
+        for a, b in zip(sparse, exact_sum(dense, 1.0, levels=levels), strict=True):
+            np.testing.assert_array_equal(np.asarray(a).ravel(), b)

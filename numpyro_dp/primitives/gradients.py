@@ -23,6 +23,18 @@ of the sum's size; the pair ``(hi, lo)`` goes to
     whatever ``d`` (forward mode would cost ``d``), and holds one block's
     gradients and intermediates at a time, not ``n x d``.
 
+    *Indexed blocks.*  A block of theta (one site's coordinates) that each
+    row's program reads only through gathers at indices free of theta (a
+    hierarchical model's ``a[g_i]``, ``ab[g_i, 0]``, ``ab[g_i]``) is not
+    differentiated whole: the row's program is evaluated with the gathered
+    numbers as inputs, so its gradient has the other coordinates plus the
+    few numbers the row reads (for 50 groups, 9 numbers instead of 58); the
+    norm is computed from those exactly (a position read twice holds the
+    sum), and the block's sum is a sum per position
+    (:func:`~numpyro_dp.primitives.rounding.exact_segment_sum`, the same
+    grid as :func:`~numpyro_dp.primitives.rounding.exact_sum`).  The released
+    sum is the dense route's, computed by a different program.
+
 ``"linear_predictor"`` (per-row chain rule through a narrow cut)
     The program of one row's log-likelihood ``l(theta, x)`` (traced once on
     *abstract* rows, so no data value is seen) is split at a set of
@@ -65,15 +77,23 @@ of the sum's size; the pair ``(hi, lo)`` goes to
     decides whether the route is worthwhile.
 
 Route selection (``"auto"``): the per-row program is traced with abstract
-rows (shapes and dtypes only; the public non-row arguments as given), and two
-cuts are tried: the *linear* cut above and the *parameter* cut (``psi`` only:
-every data-free value that meets the data).  A cut qualifies when
-``m <= max(1, d // 2)`` and ``m + q <= d``; the qualifying cut with the
-smallest ``2 m + q`` is used, else the ``"jacobian"`` route.  The choice
-depends on the model's program and the shapes of the data, never on the data's
-values, so the choice itself reveals nothing.  Forcing
-``route="linear_predictor"`` on a model without a qualifying cut raises a
-``ValueError`` that says why.
+rows (shapes and dtypes only; the public non-row arguments as given).  Two
+cuts are tried: the *linear* cut above and the *parameter* cut (``psi``
+only: every data-free value that meets the data); a cut qualifies when
+``m <= max(1, d // 2)`` and ``m + q <= d``.  ``"auto"`` takes the
+linear-predictor route only for the single contraction (a linear cut with
+``m = 1, q = 0``: a GLM) and only while ``d`` is at most twice the width of
+the general route's per-row gradient (indexed blocks make that narrower: a
+hierarchical model's group effects).  Every other cut forms each row's
+Jacobian of the cut *and* its gradient, and was slower than the general route
+on every model class measured (``benchmarks/bench_hmc.py``; so was a
+``m = 1`` path that sums the row and shared parts on disjoint coordinates,
+tried for the Student-t regression: the per-row Jacobian of the cut costs as
+much as the whole per-row gradient).  A forced ``route="linear_predictor"`` takes
+the narrowest qualifying cut, and raises a ``ValueError`` that says why on a
+model without one.  The choice depends on the model's program and the
+shapes of the data, never on the data's values, so the choice itself
+reveals nothing.
 
 Non-finite per-row gradients contribute 0 on every route (see
 :func:`clip_weights`).
@@ -92,7 +112,7 @@ from jax.extend.core import Literal
 from jax.flatten_util import ravel_pytree
 
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.primitives.rounding import dw_sum, exact_sum, unit_roundoff
+from numpyro_dp.primitives.rounding import dw_sum, exact_segment_sum, exact_sum, unit_roundoff
 
 ROUTES = ("auto", "jacobian", "linear_predictor")
 
@@ -129,33 +149,45 @@ def _masked(weights: jax.Array, mask: jax.Array | None) -> jax.Array:
 ROW_BLOCK = 65536
 
 
-def _jacobian_route(pm: PrivateModel) -> Callable:
-    def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
-        loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
-        rows = [jnp.asarray(x) if idx is None else jnp.asarray(x)[idx] for x in rows]
-        n = rows[0].shape[0]
-        mask = jnp.ones(n, bool) if mask is None else mask
+def _jacobian_sum(pm: PrivateModel, plan, theta, clip, model_args, model_kwargs,
+                  idx=None, mask=None, levels=1):
+    """The general route; with ``plan.indexed``, each row's gradient in compressed form."""
+    loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
+    rows = [jnp.asarray(x) if idx is None else jnp.asarray(x)[idx] for x in rows]
+    n, d = rows[0].shape[0], theta.shape[0]
+    mask = jnp.ones(n, bool) if mask is None else mask
+    bound = vector_clip_bound(clip, d, theta.dtype)
+    indexed = None if plan is None else plan.indexed
 
-        bound = vector_clip_bound(clip, theta.shape[0], theta.dtype)
+    def finite(x):
+        return jnp.where(jnp.isfinite(x), x, 0.0)
 
-        def block_sum(block):  # rows of the per-row Jacobian, clipped and summed
-            *block_rows, block_mask = block
+    def block_sum(block):  # rows of the per-row Jacobian, clipped and summed
+        *block_rows, block_mask = block
+        if indexed is None:
             jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
             weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), block_mask)
-            jac = jnp.where(jnp.isfinite(jac), jac, 0.0)
-            return exact_sum(weights.astype(jac.dtype)[:, None] * jac, bound, n, levels)
+            return exact_sum(weights.astype(jac.dtype)[:, None] * finite(jac), bound, n, levels)
+        rest, local, where = indexed.row_gradients(theta, block_rows)
+        squares = jnp.sum(rest**2, axis=1) + sum(jnp.sum(v**2, axis=1) for v in local)
+        weights = _masked(clip_weights(jnp.sqrt(squares), clip), block_mask).astype(theta.dtype)
+        dense = exact_sum(weights[:, None] * finite(rest), bound, n, levels)
+        tables = [  # one term per (row, position): a row's vector rounded as a whole
+            exact_segment_sum((weights[:, None] * finite(v)).reshape(-1, 1), w.reshape(-1),
+                              b.size, bound, n, levels)
+            for b, v, w in zip(indexed.blocks, local, where, strict=True)
+        ]
+        return indexed.assemble(dense, [(hi[:, 0], lo[:, 0]) for hi, lo in tables])
 
-        arrays = rows + [mask]
-        full = n - n % ROW_BLOCK
-        parts = []
-        if full:
-            blocks = [x[:full].reshape((-1, ROW_BLOCK) + x.shape[1:]) for x in arrays]
-            parts += list(lax.map(block_sum, blocks))
-        if full < n:
-            parts += [x[None] for x in block_sum([x[full:] for x in arrays])]
-        return dw_sum(jnp.concatenate(parts))
-
-    return clipped_sum
+    arrays = rows + [mask]
+    full = n - n % ROW_BLOCK
+    parts = []
+    if full:
+        blocks = [x[:full].reshape((-1, ROW_BLOCK) + x.shape[1:]) for x in arrays]
+        parts += list(lax.map(block_sum, blocks))
+    if full < n:
+        parts += [x[None] for x in block_sum([x[full:] for x in arrays])]
+    return dw_sum(jnp.concatenate(parts))
 
 
 # ------------------------------------------------------- one row's program
@@ -390,6 +422,218 @@ class _Analysis:
         )
 
 
+# ------------------------------------------------------------ indexed blocks
+# Shape-only operations between a block of theta and the table a row reads.
+_RESHAPES = frozenset({"reshape", "squeeze", "expand_dims"})
+# Gathers that clamp the start index into the table (XLA's CPU/GPU behaviour).
+_CLAMPED = (lax.GatherScatterMode.CLIP, lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+
+class _Read(NamedTuple):
+    """One gather by which a row reads a slice of a block's table."""
+
+    out: int  # node id of the gather's output (the slice's values)
+    index: int  # node id of its start indices (a function of the row, never of theta)
+    start_index_map: tuple  # table axis of each index component
+    slice_sizes: tuple
+
+
+class _Block(NamedTuple):
+    """A block of theta of which each row reads only a few entries (gathers)."""
+
+    start: int  # first coordinate of the block in theta
+    table_shape: tuple  # the block as the model indexes it, e.g. (J,) or (J, k)
+    reads: tuple  # _Read per gather of the table
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.table_shape, dtype=np.int64))
+
+    @property
+    def width(self) -> int:  # numbers of the block one row reads
+        return sum(int(np.prod(r.slice_sizes, dtype=np.int64)) for r in self.reads)
+
+
+def _blocks_of_theta(g: _Graph, consumers: dict) -> list[tuple[int, int, int]] | None:
+    """``(node, start, size)`` of the pieces theta is split into, or None.
+
+    None when theta is used other than by ``split``/``slice`` into disjoint
+    pieces: a coordinate read twice could not be moved into a compressed block.
+    """
+    pieces = []
+    for k in consumers.get(g.theta, ()):
+        e = g.eqns[k]
+        name, params = e.eqn.primitive.name, e.eqn.params
+        if name == "split" and params.get("axis", 0) == 0:
+            start = 0
+            for out, size in zip(e.outs, params["sizes"], strict=True):
+                pieces.append((out, start, int(size)))
+                start += int(size)
+        elif name == "slice" and not params.get("strides"):
+            (a,), (b,) = params["start_indices"], params["limit_indices"]
+            pieces.append((e.outs[0], int(a), int(b) - int(a)))
+        else:
+            return None
+    covered = sorted((a, a + n) for _, a, n in pieces)
+    if any(b0 > a1 for (_, b0), (a1, _) in zip(covered, covered[1:], strict=False)):
+        return None
+    return pieces
+
+
+def _read(g: _Graph, an, e: _Eqn, table: int) -> _Read | None:
+    """``e`` as a _Read of ``table``: one slice at a clamped index free of theta, or None."""
+    if e.eqn.primitive.name != "gather" or len(e.ins) != 2 or e.ins[0] != table:
+        return None
+    index = e.ins[1]
+    if isinstance(index, tuple) or index in an.T:
+        return None
+    dn, params = e.eqn.params["dimension_numbers"], e.eqn.params
+    index_shape = g.avals[index].shape
+    sizes = tuple(int(x) for x in params["slice_sizes"])
+    if (
+        tuple(getattr(dn, "operand_batching_dims", ()))
+        or params["mode"] not in _CLAMPED
+        or not index_shape
+        or int(np.prod(index_shape[:-1], dtype=np.int64)) != 1  # one slice per row
+        or _size(g.avals[e.outs[0]]) != int(np.prod(sizes, dtype=np.int64))
+    ):
+        return None
+    return _Read(e.outs[0], index, tuple(dn.start_index_map), sizes)
+
+
+def _indexed_blocks(g: _Graph, an) -> list[_Block]:
+    """Blocks of theta of which each row reads only a few entries.
+
+    A hierarchical model's group effects ``a[g_i]`` (or ``ab[g_i, 0]``,
+    ``ab[g_i]``): row i's gradient is zero on the block but at the entries it
+    reads, so the route computes it there alone (and sums it per entry)
+    instead of ``n x J`` zeros.
+    """
+    consumers = _consumers(g, an)
+    blocks = []
+    for node, start, _ in _blocks_of_theta(g, consumers) or ():
+        table = node
+        while len(consumers.get(table, ())) == 1:  # through reshapes to the table
+            e = g.eqns[consumers[table][0]]
+            if e.eqn.primitive.name not in _RESHAPES:
+                break
+            table = e.outs[0]
+        reads = [_read(g, an, g.eqns[k], table) for k in consumers.get(table, ())]
+        block = _Block(start, tuple(g.avals[table].shape), tuple(reads))
+        if reads and table != g.out and None not in reads and 2 * block.width <= block.size:
+            blocks.append(block)
+    return blocks
+
+
+def _consumers(g: _Graph, an) -> dict[int, list[int]]:
+    """Node -> the live equations that read it."""
+    out: dict[int, list[int]] = {}
+    for k in an.live:
+        for a in g.eqns[k].ins:
+            if not isinstance(a, tuple):
+                out.setdefault(a, []).append(k)
+    return out
+
+
+def _positions(read: _Read, table_shape: tuple, index: jax.Array) -> jax.Array:
+    """Flat positions in the table of the slice ``read`` takes at ``index`` (rows, width).
+
+    The start is clamped into the table as XLA's gather clamps it.
+    """
+    n, ndim = index.shape[0], len(table_shape)
+    start = [jnp.zeros(n, jnp.int32)] * ndim
+    vec = index.reshape(n, -1).astype(jnp.int32)
+    for k, axis in enumerate(read.start_index_map):
+        start[axis] = jnp.clip(vec[:, k], 0, table_shape[axis] - read.slice_sizes[axis])
+    offsets = np.indices(read.slice_sizes).reshape(ndim, -1)  # (ndim, width)
+    strides = np.cumprod((1,) + tuple(table_shape[:0:-1]))[::-1]
+    flat = sum(start[k][:, None] * int(strides[k]) for k in range(ndim))
+    return flat + jnp.asarray((offsets * strides[:, None]).sum(0), jnp.int32)[None, :]
+
+
+class _Indexed:
+    """Each row's gradient with every indexed block reduced to the entries it reads.
+
+    ``row_gradients`` gives, per row, the gradient on the other coordinates
+    (``rest``) and, per block, on the numbers the row reads (``local``), with
+    their positions in the block (``where``); a position read twice holds the
+    sum and then zeros.  The row's full gradient is ``rest`` and ``local``
+    scattered to their places and zeros elsewhere (the row's program reads
+    nothing else of a block), so its norm is computed from the compressed form
+    exactly, and every coordinate appears once, as in the dense row.
+    """
+
+    def __init__(self, g: _Graph, blocks: list[_Block], d: int):
+        self.g, self.blocks, self.d = g, blocks, d
+        taken = sorted((b.start, b.start + b.size) for b in blocks)
+        edges = [0] + [x for ab in taken for x in ab] + [d]
+        self.rest = [(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
+        reads = [r for b in blocks for r in b.reads]
+        self.order_local = g.schedule(
+            [r.out for r in reads] + [r.index for r in reads], [g.theta, *g.rows]
+        )
+        self.order_loglik = g.schedule([g.out], [g.theta, *g.rows, *(r.out for r in reads)])
+        self.width = d - sum(b.size for b in blocks) + sum(b.width for b in blocks)
+
+    def _full(self, rest: jax.Array) -> jax.Array:
+        """theta with ``rest`` in its places and zeros in the blocks (read by no one)."""
+        pieces, at = [], 0
+        spans = self.rest + [(x.start, x.start + x.size) for x in self.blocks]
+        for a, b in sorted(spans):
+            if (a, b) in self.rest:
+                pieces.append(rest[at:at + b - a])
+                at += b - a
+            else:
+                pieces.append(jnp.zeros(b - a, rest.dtype))
+        return jnp.concatenate(pieces)
+
+    def row_gradients(self, theta: jax.Array, rows: list):
+        g = self.g
+        reads = [r for b in self.blocks for r in b.reads]
+
+        def local_values(t, row):  # the numbers each read takes, and its indices
+            env = {g.theta: t, **dict(zip(g.rows, row, strict=True))}
+            vals = g.evaluate(self.order_local, env, [r.out for r in reads]
+                              + [r.index for r in reads])
+            return [jnp.ravel(v) for v in vals[:len(reads)]], vals[len(reads):]
+
+        def loglik(rest, local, row):
+            env = {g.theta: self._full(rest), **dict(zip(g.rows, row, strict=True))}
+            for r, v in zip(reads, local, strict=True):
+                env[r.out] = v.reshape(g.avals[r.out].shape)
+            return g.evaluate(self.order_loglik, env, [g.out])[0]
+
+        local, index = jax.vmap(local_values, (None, 0))(theta, rows)
+        rest = jnp.concatenate([theta[a:b] for a, b in self.rest])
+        grad_rest, grad_local = jax.vmap(jax.grad(loglik, (0, 1)), (None, 0, 0))(rest, local, rows)
+        values, where, at = [], [], 0
+        for b in self.blocks:
+            k = len(b.reads)
+            pos = jnp.concatenate([_positions(r, b.table_shape, i)
+                                   for r, i in zip(b.reads, index[at:at + k], strict=True)], 1)
+            val = jnp.concatenate(grad_local[at:at + k], 1)
+            at += k
+            if pos.shape[1] > 1:  # a position read twice: its sum, once
+                same = pos[:, :, None] == pos[:, None, :]
+                first = ~jnp.any(jnp.tril(same, -1), axis=2)
+                val = jnp.where(first, jnp.einsum("nij,nj->ni", same.astype(val.dtype), val), 0)
+            values.append(val)
+            where.append(pos)
+        return grad_rest, values, where
+
+    def assemble(self, dense, tables):
+        """The full ``(hi, lo)`` sum from the rest's sum and the blocks' per-position sums."""
+        parts = [(a, b, None) for a, b in self.rest]
+        parts += [(x.start, x.start + x.size, t) for x, t in zip(self.blocks, tables, strict=True)]
+        out, at = ([], []), 0
+        for a, b, table in sorted(parts, key=lambda p: p[0]):
+            for k in range(2):
+                out[k].append(dense[k][at:at + b - a] if table is None else table[k])
+            if table is None:
+                at += b - a
+        return jnp.concatenate(out[0]), jnp.concatenate(out[1])
+
+
 class RouteChoice(NamedTuple):
     """The route :func:`select_route` takes and why (all structural, public)."""
 
@@ -398,6 +642,7 @@ class RouteChoice(NamedTuple):
     cut: str | None = None  # "linear" or "parameter" for the linear_predictor route
     row_width: int | None = None  # m: cut values per row
     shared_width: int | None = None  # q: cut values shared by all rows
+    indexed: int = 0  # coordinates in blocks each row reads at one entry (jacobian route)
 
 
 class _Plan(NamedTuple):
@@ -407,14 +652,38 @@ class _Plan(NamedTuple):
     order_row: list | None = None
     order_shared: list | None = None
     order_f: list | None = None
+    indexed: _Indexed | None = None
 
 
 def _admissible(c: _Cut, d: int) -> bool:
     return c.m <= max(1, d // 2) and c.m + c.q <= d
 
 
-def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs) -> _Plan:
-    """Analyse one row's program (abstract rows: no data value is read)."""
+def _jacobian_plan(reason: str, indexed: _Indexed | None = None) -> _Plan:
+    if indexed is None:
+        return _Plan(RouteChoice("jacobian", reason))
+    size = sum(b.size for b in indexed.blocks)
+    return _Plan(RouteChoice(
+        "jacobian",
+        f"{reason}; {size} coordinate(s) in {len(indexed.blocks)} block(s) of which each "
+        f"row reads a few entries, so each row's gradient has {indexed.width} numbers "
+        f"of d = {indexed.d}",
+        indexed=size,
+    ), indexed=indexed)
+
+
+def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
+          route: str = "auto") -> _Plan:
+    """Analyse one row's program (abstract rows: no data value is read) and pick a route.
+
+    Cost model of ``"auto"`` (per row, in numbers written and summed): the
+    single-contraction linear-predictor path forms ``d`` (the scaled rows of
+    the cut's Jacobian); the general route a backward pass and the gradient's
+    ``w`` numbers (``w = d`` less what indexed blocks save), about ``2 w``.
+    Every other linear-predictor path forms the ``n x d`` rows *and* Jacobians
+    of its cut, more than the general route: measured slower on every model
+    class of ``benchmarks/bench_hmc.py``, so ``"auto"`` never takes it.
+    """
     one_row, rows = pm.one_row_loglik(model_args, model_kwargs)
 
     d = int(np.prod(theta_shape, dtype=np.int64))
@@ -427,29 +696,46 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs) 
         )
         g = _Graph(closed, len(rows))
         an = _Analysis(g)
-        cuts = [an.cut("linear"), an.cut("parameter")]
     except Exception as err:  # noqa: BLE001 - any failure means: use the general route
         return _Plan(RouteChoice(
             "jacobian",
             f"one row's log-likelihood could not be analysed on abstract rows "
             f"({type(err).__name__})",
         ))
+    try:
+        blocks = _indexed_blocks(g, an)
+        indexed = _Indexed(g, blocks, d) if blocks else None
+    except _NotQualified:
+        indexed = None
+    if route == "jacobian":
+        return _jacobian_plan("forced", indexed)
+    cuts = [an.cut("linear"), an.cut("parameter")]
     good = [c for c in cuts if _admissible(c, d)]
     if not good:
         widths = "; ".join(f"{c.kind} cut: m={c.m}, q={c.q}" for c in cuts)
-        return _Plan(RouteChoice(
-            "jacobian",
+        return _jacobian_plan(
             f"theta reaches each row's log-likelihood only through wide cuts ({widths}; "
-            f"m values per row, q shared values), but the route needs "
-            f"m <= {max(1, d // 2)} and m + q <= d = {d}",
-        ))
+            f"m values per row, q shared values), but the linear-predictor route needs "
+            f"m <= {max(1, d // 2)} and m + q <= d = {d}", indexed,
+        )
     cut = min(good, key=lambda c: (2 * c.m + c.q, c.m))
+    width = d if indexed is None else indexed.width
+    if route == "auto" and not (cut.kind == "linear" and (cut.m, cut.q) == (1, 0)):
+        return _jacobian_plan(
+            f"the narrowest cut ({cut.kind}, m={cut.m}, q={cut.q}) needs each row's "
+            "Jacobian of the cut as well as its gradient: the general route is cheaper",
+            indexed,
+        )
+    if route == "auto" and d > 2 * width:
+        return _jacobian_plan(
+            f"a linear predictor (m=1) would form all d = {d} coordinates per row", indexed
+        )
     try:
         order_row = g.schedule(cut.row, [g.theta, *g.rows])
         order_shared = g.schedule(cut.shared + cut.aux, [g.theta])
         order_f = g.schedule([g.out], [*cut.row, *cut.shared, *cut.aux, *g.rows])
     except _NotQualified as err:
-        return _Plan(RouteChoice("jacobian", str(err)))
+        return _jacobian_plan(str(err), indexed)
     choice = RouteChoice(
         "linear_predictor",
         f"{cut.kind} cut with m={cut.m} value(s) per row and q={cut.q} shared value(s) "
@@ -471,10 +757,8 @@ def select_route(
     """
     if route not in ROUTES:
         raise ValueError(f"grad_route={route!r}; use one of {ROUTES}.")
-    if route == "jacobian":
-        return RouteChoice("jacobian", "forced")
     model_kwargs = {} if model_kwargs is None else model_kwargs
-    plan = _plan(pm, (pm.num_params,), jnp.result_type(float), model_args, model_kwargs)
+    plan = _plan(pm, (pm.num_params,), jnp.result_type(float), model_args, model_kwargs, route)
     _check_forced(plan, route)
     return plan.choice
 
@@ -530,30 +814,35 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
         A, phi = None, jnp.zeros((n, 0), dtype)
     u, v = jax.vmap(jax.grad(f_row, argnums=(0, 1)), (0, None, 0))(phi, psi, rows)
 
+    bound = vector_clip_bound(clip, theta.shape[0], dtype)
     if cut.m == 1 and cut.q == 0:
         # One value per row: grad l_i = u_i a_i, ||grad l_i|| = |u_i| ||a_i||.
         a = A[:, 0, :]
         weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
-        return exact_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0),
-                         vector_clip_bound(clip, theta.shape[0], dtype), levels=levels)
+        return exact_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0), bound,
+                         levels=levels)
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
     rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
-    return exact_sum(weights.astype(dtype)[:, None] * rows_grad,
-                     vector_clip_bound(clip, theta.shape[0], dtype), levels=levels)
+    return exact_sum(weights.astype(dtype)[:, None] * rows_grad, bound, levels=levels)
 
 
-def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
+def _route(pm: PrivateModel, route: str) -> Callable:
     def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
         theta = jnp.asarray(theta)
-        plan = _plan(pm, theta.shape, theta.dtype, model_args, model_kwargs)
+        plan = _plan(pm, theta.shape, theta.dtype, model_args, model_kwargs, route)
         _check_forced(plan, route)
+
+        def general():
+            return _jacobian_sum(pm, plan, theta, clip, model_args, model_kwargs,
+                                 idx, mask, levels)
+
         if plan.choice.route == "jacobian":
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask, levels)
+            return general()
         rows = [jnp.asarray(x) for x in pm.one_row_loglik(model_args, model_kwargs)[1]]
         if idx is not None:
             rows = [x[idx] for x in rows]
@@ -562,7 +851,7 @@ def _linear_predictor_route(pm: PrivateModel, route: str) -> Callable:
         try:
             return _linear_predictor_sum(plan, theta, clip, rows, mask, levels)
         except Exception:  # noqa: BLE001 - a tracing failure (shapes only): general route
-            return _jacobian_route(pm)(theta, clip, model_args, model_kwargs, idx, mask, levels)
+            return general()
 
     return clipped_sum
 
@@ -607,12 +896,10 @@ def clipped_grad_sum_fn(
     """
     if route not in ROUTES:
         raise ValueError(f"grad_route={route!r}; use one of {ROUTES}.")
-    if route == "jacobian":
-        return _jacobian_route(pm), "jacobian"
     taken = route
     if model_args is not None or model_kwargs is not None:
         taken = select_route(pm, model_args or (), model_kwargs, route).route
-    return _linear_predictor_route(pm, route), taken
+    return _route(pm, route), taken
 
 
 def _row_blocks(fn: Callable, rows: list, block: int) -> jax.Array:

@@ -235,6 +235,66 @@ def _integer_total(totals: jax.Array, dtype):
     return dw_add(high_hi * scale, high_lo * scale, *_to_dw(low, dtype))
 
 
+def _segment_total(units: jax.Array, segment_ids: jax.Array, num_segments: int, itype,
+                   bits: int, num_terms: int, dtype):
+    """Exact per-segment sums of integers ``|units| <= 2^bits``, as double-word pairs.
+
+    A segment may collect every row, so its total can need ``bits + log2 n`` bits,
+    more than the integer type holds.  Each integer is split into ``c``-bit
+    chunks (``units = sum_k chunk_k 2^(c k)``; the lower chunks non-negative, the
+    top one signed), with ``c`` small enough that a chunk's segment sum over all
+    ``n`` rows cannot overflow; the chunk totals are then joined from the top in
+    double-word arithmetic, exactly (every partial value is an integer below
+    ``2^(2p - 3)``, as in :func:`_integer_total`).
+    """
+    room = jnp.iinfo(itype).bits - 2 - math.ceil(math.log2(max(num_terms, 2)))
+    chunk = max(1, min(bits + 1, room))
+    num_chunks = -(-(bits + 1) // chunk)
+    rest = units.astype(itype)
+    chunks = []
+    for _ in range(num_chunks - 1):
+        chunks.append(rest & (2**chunk - 1))
+        rest = rest >> chunk  # floor division by 2^chunk, also for negatives
+    chunks.append(rest)
+    totals = [jax.ops.segment_sum(c, segment_ids, num_segments) for c in chunks]
+    scale = jnp.asarray(2.0**chunk, dtype)
+    hi, lo = _to_dw(totals[-1], dtype)
+    for t in reversed(totals[:-1]):
+        hi, lo = dw_add(hi * scale, lo * scale, *_to_dw(t, dtype))
+    return hi, lo
+
+
+def exact_segment_sum(
+    terms: jax.Array, segment_ids: jax.Array, num_segments: int, row_bound,
+    num_terms: int | None = None, levels: int = 1,
+):
+    """:func:`exact_sum` of rows that each land in one segment: a sum per segment.
+
+    ``terms[i]`` is the part of row ``i``'s vector that lies in the block of
+    coordinates ``segment_ids[i]`` (the row is zero elsewhere in the block), so
+    that summing rows of ``n x num_segments`` mostly-zero vectors needs only
+    the ``n`` values.  The rounding is exactly :func:`exact_sum`'s (the same grid
+    for the same ``row_bound`` and ``num_terms``; a zero rounds to zero), so the
+    result equals :func:`exact_sum` of the scattered rows: ``(hi, lo)`` of shape
+    ``(num_segments,) + terms.shape[1:]``.  Segment ids must lie in
+    ``[0, num_segments)``; rows whose ``terms`` are zero may carry any id.
+    """
+    terms = jnp.asarray(terms)
+    dtype = terms.dtype
+    n = terms.shape[0] if num_terms is None else num_terms
+    bits, itype = _level_bits(n, dtype), ROW_GRID[significand_bits(dtype)][1]
+    quantum = row_quantum(row_bound, n, dtype)
+    rest, total = terms, None
+    for _ in range(levels):
+        units = jnp.round(rest / quantum)
+        rest = rest - units * quantum
+        level = _segment_total(units, segment_ids, num_segments, itype, bits, n, dtype)
+        level = (level[0] * quantum, level[1] * quantum)
+        total = level if total is None else dw_add(*total, *level)
+        quantum = quantum * dtype.type(2.0**-bits)
+    return total
+
+
 def exact_sum(terms: jax.Array, row_bound, num_terms: int | None = None, levels: int = 1):
     """Sum over the leading axis of ``terms``, each row rounded to a fine grid.
 
