@@ -264,6 +264,28 @@ def _segment_total(units: jax.Array, segment_ids: jax.Array, num_segments: int, 
     return hi, lo
 
 
+def _rounded_sum(terms, row_bound, num_terms, levels, integer_total):
+    """The levels of :func:`exact_sum`: round to the grid, add the integers exactly.
+
+    ``integer_total(units, itype, bits, n, dtype)`` adds one level's integers
+    (``|units| <= 2^bits``) exactly and returns them as a double-word pair.
+    """
+    terms = jnp.asarray(terms)
+    dtype = terms.dtype
+    n = terms.shape[0] if num_terms is None else num_terms
+    bits, itype = _level_bits(n, dtype), ROW_GRID[significand_bits(dtype)][1]
+    quantum = row_quantum(row_bound, n, dtype)
+    rest, total = terms, None
+    for _ in range(levels):
+        units = jnp.round(rest / quantum)  # |units| <= 2^bits
+        rest = rest - units * quantum  # exact (Sterbenz), |rest| <= quantum / 2
+        level = integer_total(units, itype, bits, n, dtype)
+        level = (level[0] * quantum, level[1] * quantum)
+        total = level if total is None else dw_add(*total, *level)
+        quantum = quantum * dtype.type(2.0**-bits)
+    return total
+
+
 def exact_segment_sum(
     terms: jax.Array, segment_ids: jax.Array, num_segments: int, row_bound,
     num_terms: int | None = None, levels: int = 1,
@@ -279,20 +301,11 @@ def exact_segment_sum(
     ``(num_segments,) + terms.shape[1:]``.  Segment ids must lie in
     ``[0, num_segments)``; rows whose ``terms`` are zero may carry any id.
     """
-    terms = jnp.asarray(terms)
-    dtype = terms.dtype
-    n = terms.shape[0] if num_terms is None else num_terms
-    bits, itype = _level_bits(n, dtype), ROW_GRID[significand_bits(dtype)][1]
-    quantum = row_quantum(row_bound, n, dtype)
-    rest, total = terms, None
-    for _ in range(levels):
-        units = jnp.round(rest / quantum)
-        rest = rest - units * quantum
-        level = _segment_total(units, segment_ids, num_segments, itype, bits, n, dtype)
-        level = (level[0] * quantum, level[1] * quantum)
-        total = level if total is None else dw_add(*total, *level)
-        quantum = quantum * dtype.type(2.0**-bits)
-    return total
+    return _rounded_sum(
+        terms, row_bound, num_terms, levels,
+        lambda units, itype, bits, n, dtype: _segment_total(
+            units, segment_ids, num_segments, itype, bits, n, dtype),
+    )
 
 
 def exact_sum(terms: jax.Array, row_bound, num_terms: int | None = None, levels: int = 1):
@@ -309,20 +322,11 @@ def exact_sum(terms: jax.Array, row_bound, num_terms: int | None = None, levels:
     rows given) sets the grid: pass the total when partial sums of one release
     are added up, so that their grids agree.
     """
-    terms = jnp.asarray(terms)
-    dtype = terms.dtype
-    n = terms.shape[0] if num_terms is None else num_terms
-    bits, itype = _level_bits(n, dtype), ROW_GRID[significand_bits(dtype)][1]
-    quantum = row_quantum(row_bound, n, dtype)
-    rest, total = terms, None
-    for _ in range(levels):
-        units = jnp.round(rest / quantum)  # |units| <= 2^bits
-        rest = rest - units * quantum  # exact (Sterbenz), |rest| <= quantum / 2
-        level = _integer_total(_block_totals(units, itype, bits), dtype)
-        level = (level[0] * quantum, level[1] * quantum)
-        total = level if total is None else dw_add(*total, *level)
-        quantum = quantum * dtype.type(2.0**-bits)
-    return total
+    return _rounded_sum(
+        terms, row_bound, num_terms, levels,
+        lambda units, itype, bits, n, dtype: _integer_total(
+            _block_totals(units, itype, bits), dtype),
+    )
 
 
 # ------------------------------------------------------------------ noise
