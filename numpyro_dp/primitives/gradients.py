@@ -838,8 +838,13 @@ def _route(pm: PrivateModel, route: str) -> Callable:
         _check_forced(plan, route)
 
         def general():
-            return _jacobian_sum(pm, plan, theta, clip, model_args, model_kwargs,
-                                 idx, mask, levels)
+            args = (theta, clip, model_args, model_kwargs, idx, mask, levels)
+            if plan.indexed is None:
+                return _jacobian_sum(pm, None, *args)
+            try:
+                return _jacobian_sum(pm, plan, *args)
+            except Exception:  # noqa: BLE001 - a tracing failure (shapes only): dense rows
+                return _jacobian_sum(pm, None, *args)
 
         if plan.choice.route == "jacobian":
             return general()
