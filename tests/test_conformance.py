@@ -437,7 +437,9 @@ def test_the_posterior_at_negligible_noise(name):
     chains = np.asarray(mcmc.get_samples(group_by_chain=True)["theta"], np.float64)
     if exact:
         exact_draws = mean + sd * np.random.default_rng(0).normal(size=(1, 20_000, 2))
-        assert_moments_match(chains, exact_draws, log_sd="normal")
+        # The sd's error from the ESS of the squared deviations: HMC's draws are
+        # antithetic, so the draws' own ESS (capped at the draws) understates it 3x.
+        assert_moments_match(chains, exact_draws)
         return
     m, s, se_mean, _ = moment_errors(chains, log_sd="normal")
     np.testing.assert_array_less(np.abs(m - mean), 4 * se_mean)

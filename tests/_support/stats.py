@@ -17,9 +17,14 @@ from numpyro_dp.evaluation.diagnostics import mmd
 
 
 def ess(chains):
-    """Per-coordinate ESS of (chains, draws, dim), capped at the number of draws."""
-    return np.minimum(effective_sample_size(np.asarray(chains, np.float64)),
-                      chains.shape[0] * chains.shape[1])
+    """Per-coordinate ESS of (chains, draws, dim), capped at the number of draws.
+
+    Strongly antithetic draws can also make the estimate negative (its
+    autocorrelation sum goes below -1/2); that too is capped at the draws.
+    """
+    draws = chains.shape[0] * chains.shape[1]
+    estimate = effective_sample_size(np.asarray(chains, np.float64))
+    return np.where(estimate > 0, np.minimum(estimate, draws), draws)
 
 
 def effective_draws(chains, cap=1000, spacing=1):
