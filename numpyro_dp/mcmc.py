@@ -28,6 +28,7 @@ from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.numpyro_compat import (
     collection_params,
     guard_data,
+    loops_compiled_once,
     parallel_with_arguments,
     warmup_state,
 )
@@ -755,7 +756,7 @@ class PrivateMCMC(MCMC):
         if chain_method == "parallel" and self.num_chains > 1:
             self.chain_method = parallel_with_arguments
         try:
-            with kernel.armed(self):
+            with kernel.armed(self), loops_compiled_once():
                 super().run(rng_key, inputs, extra_fields=extra_fields, init_params=init_params)
         finally:
             self.chain_method = chain_method

@@ -13,17 +13,27 @@ that test instead of the privacy of a run:
   and number of iterations (``_collection_params``);
 * whether a run has produced draws (``_states``);
 * how ``chain_method="parallel"`` maps the chains: a ``functools.partial``
-  whose keywords hold ``args`` and ``kwargs`` (:func:`parallel_with_arguments`).
+  whose keywords hold ``args`` and ``kwargs`` (:func:`parallel_with_arguments`);
+* that ``MCMC`` runs a chain's loop through the ``fori_collect`` of its module
+  (:func:`loops_compiled_once` swaps in :func:`fori_collect`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from jax import pmap
+import jax
+import jax.numpy as jnp
+import numpyro.infer.mcmc
+import numpyro.util
+from jax import lax, pmap
 from numpyro.infer.mcmc import MCMC
+from tqdm.auto import trange
+
+from numpyro_dp.primitives.compiled import compile_once
 
 #: MCMC attributes that hold a run's model arguments (the data).
 DATA_ATTRIBUTES = ("_args", "_kwargs")
@@ -90,3 +100,100 @@ def parallel_with_arguments(map_fn: functools.partial) -> Callable:
         return pmap(one, in_axes=(0, None, None))(map_args, args, kwargs)
 
     return chains
+
+
+def fori_collect(
+    lower: int,
+    upper: int,
+    body_fun: Callable,
+    init_val: Any,
+    transform: Callable = lambda x: x,
+    progbar: bool = True,
+    return_last_val: bool = False,
+    collection_size: int | None = None,
+    thinning: int = 1,
+    **progbar_opts,
+):
+    """:func:`numpyro.util.fori_collect` with its loop compiled once per program.
+
+    NumPyro jit-compiles a new closure on every ``MCMC.run``, so each run
+    compiles the sampler again, and a runner that reuses a cached closure
+    would run the program it traced first even where a public argument has
+    changed since.  Here the loop is traced on every call and its executable
+    looked up by what it computes (:func:`~numpyro_dp.primitives.compiled.compile_once`):
+    a re-run of the same configuration on data of the same shapes compiles
+    nothing, from the same runner or a new one.  The arguments and results
+    are NumPyro's.  Inside a transform (the ``pmap`` of
+    ``chain_method="parallel"``) NumPyro's own loop runs: the transform compiles.
+
+    ``upper == 0`` (NumPyro's ``MCMC._compile``) compiles the loop and runs
+    no iteration.
+    """
+    if numpyro.util._is_under_jax_transform():
+        return numpyro.util.fori_collect(
+            lower, upper, body_fun, init_val, transform, progbar=progbar,
+            return_last_val=return_last_val, collection_size=collection_size,
+            thinning=thinning, **progbar_opts,
+        )
+    if not lower <= upper or thinning < 1:
+        raise ValueError(f"fori_collect needs lower <= upper and thinning >= 1, got "
+                         f"{lower}, {upper}, {thinning}.")
+    size = (upper - lower) // thinning
+    collection_size = size if collection_size is None else collection_size
+    if collection_size < size:
+        raise ValueError(f"collection_size={collection_size} holds fewer than the {size} "
+                         "draws to collect.")
+    progress_rate = progbar_opts.pop("progress_rate", None) or max(1, upper // 20)
+    progbar_desc = progbar_opts.pop("progbar_desc", lambda i: "")
+    diagnostics_fn = progbar_opts.pop("diagnostics_fn", None)
+    collection = jax.tree.map(
+        lambda x: jnp.zeros((collection_size,) + x.shape, x.dtype),
+        jax.eval_shape(transform, init_val),
+    )
+    # Public loop indices as arguments, as NumPyro passes them.
+    start_idx, thinning = jnp.asarray(lower + (upper - lower) % thinning), jnp.asarray(thinning)
+
+    def step(i, val, collection, start_idx, thinning):
+        val = body_fun(val)
+        idx = (i - start_idx) // thinning
+        new = transform(val)
+        collection = jax.tree.map(
+            lambda c, x: lax.cond(idx >= 0, lambda c: c.at[idx].set(x), lambda c: c, c),
+            collection, new,
+        )
+        return val, collection, start_idx, thinning
+
+    vals = (init_val, collection, start_idx, thinning)
+    if not progbar:
+        def loop(*vals):
+            return lax.fori_loop(0, upper, lambda i, v: step(i, *v), vals)
+
+        loop = compile_once(loop, *vals, donate_argnums=1)
+        if upper > 0:
+            vals = loop(*vals)
+    else:
+        one_step = compile_once(step, jnp.asarray(0), *vals, donate_argnums=2)
+        if upper > 0:
+            with trange(upper, miniters=progress_rate) as bar:
+                for i in bar:
+                    vals = one_step(jnp.asarray(i), *vals)
+                    bar.set_description(progbar_desc(i), refresh=False)
+                    if diagnostics_fn:
+                        bar.set_postfix_str(diagnostics_fn(vals[0]), refresh=False)
+    last_val, collection = vals[0], vals[1]
+    return (collection, last_val) if return_last_val else collection
+
+
+@contextlib.contextmanager
+def loops_compiled_once() -> Iterator[None]:
+    """Within: ``MCMC`` runs its chains' loops through :func:`fori_collect` (this module's).
+
+    Swaps the ``fori_collect`` that ``numpyro.infer.mcmc`` calls, and restores
+    it on exit.  Not meant for concurrent ``MCMC`` runs in other threads.
+    """
+    original = numpyro.infer.mcmc.fori_collect
+    numpyro.infer.mcmc.fori_collect = fori_collect
+    try:
+        yield
+    finally:
+        numpyro.infer.mcmc.fori_collect = original

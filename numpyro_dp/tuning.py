@@ -50,6 +50,7 @@ from jax import lax, random
 from numpyro_dp.accounting import calibrate_noise_multiplier, sensitivity_factor
 from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.compiled import jit_once
 from numpyro_dp.primitives.gradients import (
     clipped_grad_and_hessian_sums,
     row_gradient_scales,
@@ -512,19 +513,22 @@ def run_tuning(
     """
     keys = iter(random.split(rng_key, 16))
 
-    # Compiled once per call (the scale kind is static); rows and secret are arguments.
-    @functools.partial(jax.jit, static_argnames="scale")
-    def release(theta, whiten, key, rows, secret, scale):
+    # One program per scale kind, compiled once per process (a re-run of the
+    # same configuration compiles nothing); rows and secret are arguments.
+    def release(scale, theta, whiten, key, rows, secret):
         args, kwargs = pm.rebuild(rows)
         values = gradient_scales(pm, scale, theta, key, args, kwargs, whiten)
         return release_histogram(noise_key(secret, key), values,
                                  plan.noise_multiplier_histogram, neighbourhood)
 
+    releases = {}
     dtype = theta0.dtype
 
     def histogram(theta, scale, whiten=None):
         whiten = jnp.eye(theta0.shape[0], dtype=dtype) if whiten is None else whiten
-        return np.asarray(release(theta, whiten, next(keys), rows, secret, scale=scale))
+        if scale not in releases:
+            releases[scale] = jit_once(functools.partial(release, scale))
+        return np.asarray(releases[scale](theta, whiten, next(keys), rows, secret))
 
     def quantile(counts, q, noise_multiplier=None):
         """The ``q`` quantile, cutting no more rows than the release's noise warrants."""
@@ -543,7 +547,7 @@ def run_tuning(
             neighbourhood=neighbourhood, temperature=temperature,
         )
 
-        @jax.jit
+        @jit_once
         def warm(theta, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, rows, secret):
             args, kwargs = pm.rebuild(rows)
             return run(theta, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, args,

@@ -6,6 +6,8 @@ import jax
 import pytest
 from _support.data import make_logistic_data
 
+from numpyro_dp.primitives import compiled
+
 
 @pytest.fixture(autouse=True)
 def no_default_warm_start(request, monkeypatch):
@@ -61,4 +63,5 @@ def release_compiled_programs():
     yield
     if memory_maps() > MAX_MEMORY_MAPS:
         jax.clear_caches()
+        compiled.clear()
         gc.collect()

@@ -11,6 +11,8 @@ import jax
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import numpyro.infer.mcmc
+import numpyro.util
 import pytest
 from numpyro.infer import MCMC, NUTS
 
@@ -40,6 +42,19 @@ def test_mcmc_keeps_what_the_compat_module_reads():
     for name in numpyro_compat.DATA_ATTRIBUTES:
         assert hasattr(mcmc, name)
     assert mcmc._args[0] is X
+
+
+def test_mcmc_runs_its_chains_through_its_modules_fori_collect(monkeypatch):
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[:2])
+        return numpyro.util.fori_collect(*args, **kwargs)
+
+    monkeypatch.setattr(numpyro.infer.mcmc, "fori_collect", spy)
+    MCMC(NUTS(model), num_warmup=5, num_samples=5, progress_bar=False).run(
+        jax.random.PRNGKey(0), X)
+    assert calls == [(5, 10)]  # collect from the end of warm-up
 
 
 def test_parallel_chain_method_receives_a_partial_over_the_arguments():
