@@ -223,7 +223,7 @@ def test_routes_equal_loop_over_rows(x64, name):
         np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
 
 
-@pytest.mark.parametrize("block", [5, 8, N])  # 4 blocks + 4 rows; 3 blocks; one block
+@pytest.mark.parametrize("block", [5, 8, N])  # 5 blocks of 4 + 4 rows; 3 blocks of 8; one
 @pytest.mark.parametrize("name", ["linreg", "nan", "hierarchical"])
 def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, block):
     monkeypatch.setattr(gradients, "ROW_BLOCK", block)
@@ -232,6 +232,21 @@ def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, b
     fn, _ = clipped_grad_sum(pm, "jacobian")
     out = jax.jit(fn)(theta, clip, args, kwargs)
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
+
+
+def test_tuning_sums_and_row_values_in_blocks_equal_one_block(x64, monkeypatch):
+    pm, args, kwargs, theta = _setup("linreg")
+    whole = (gradients.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),
+             gradients.row_gradient_scales(pm, theta, args, kwargs),
+             gradients.row_hessian_norms(pm, theta, args, kwargs))
+    for name in ("ROW_BLOCK", "HESSIAN_BLOCK"):
+        monkeypatch.setattr(gradients, name, 5)  # 5 blocks of 4 rows and 4 rows left over
+    blocked = (gradients.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),
+               gradients.row_gradient_scales(pm, theta, args, kwargs),
+               gradients.row_hessian_norms(pm, theta, args, kwargs))
+    assert blocked[1].shape == blocked[2].shape == (N,)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12),
+                 whole, blocked)
 
 
 @pytest.mark.parametrize("name", ["poisson", "linreg"])
