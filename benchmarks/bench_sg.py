@@ -31,7 +31,6 @@ import numpyro
 import numpyro.distributions as dist
 
 import numpyro_dp as ndp
-from numpyro_dp.kernels.base import RunInputs
 from numpyro_dp.primitives.secret import draw_secret
 
 
@@ -48,7 +47,7 @@ def per_iteration_seconds(kernel, args, iters, repeats):
     leaves this function), with the inputs PrivateMCMC would pass it.
     """
     pm = kernel.prepare(args, {})
-    inputs = RunInputs(pm.private_inputs(args, {}), draw_secret())
+    inputs = kernel.run_inputs(pm.private_inputs(args, {}), draw_secret())
     with kernel.armed(object()):
         state = kernel.init(jax.random.PRNGKey(0), 0, None, (inputs,), {})
 

@@ -22,7 +22,7 @@ from numpyro_dp.accounting import (
     max_iterations,
 )
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
-from numpyro_dp.kernels.base import DPKernel, RunInputs
+from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
 from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.numpyro_compat import (
@@ -746,12 +746,13 @@ class PrivateMCMC(MCMC):
         if iterations > 0:
             self._charge(iterations, phase, tuning)
         secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
-        inputs = RunInputs(pm.private_inputs(args, kwargs), jnp.asarray(secret))
+        rows = pm.private_inputs(args, kwargs)
         if tuning is not None:
-            self._tune(tuning, rng_key, pm, args, kwargs, inputs)
+            self._tune(tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
+        inputs = kernel.run_inputs(rows, secret)  # the clips as tuning chose them
         chain_method = self.chain_method
         if chain_method == "parallel" and self.num_chains > 1:
             self.chain_method = parallel_with_arguments
@@ -768,7 +769,7 @@ class PrivateMCMC(MCMC):
             self.mixing = mixing_report({k: draws[k] for k in pm.latent_sites if k in draws})
             warn_if_not_mixed(self.mixing, stacklevel=2)
 
-    def _tune(self, plan: TuningPlan, rng_key, pm, args, kwargs, inputs: RunInputs) -> None:
+    def _tune(self, plan: TuningPlan, rng_key, pm, args, kwargs, rows: tuple, secret) -> None:
         """Run the charged tuning releases; adopt the clips; keep the warm start."""
         kernel = self.sampler
         key = rng_key if is_prng_key(rng_key) else rng_key[0]
@@ -777,7 +778,7 @@ class PrivateMCMC(MCMC):
         key_init, key_tune = jax.random.split(key)
         theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, kernel._init_strategy))
         result = run_tuning(
-            plan, pm, rng_key=key_tune, rows=inputs.rows, secret=inputs.secret, theta0=theta0,
+            plan, pm, rng_key=key_tune, rows=rows, secret=secret, theta0=theta0,
             neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,
             sampler_noise_multiplier=kernel.noise_multiplier,
         )

@@ -31,8 +31,8 @@ def data():
     return x, (0.5 * x + rng.normal(size=200)).astype(np.float32)
 
 
-def runner(**kwargs):
-    kernel = ndp.DPHMC(model, grad_clip=3.0, llr_clip=3.0, noise_multiplier_grad=1e-3,
+def runner(clip=3.0, **kwargs):
+    kernel = ndp.DPHMC(model, grad_clip=clip, llr_clip=clip, noise_multiplier_grad=1e-3,
                        noise_multiplier_llr=1e-3, num_steps=5, step_size=0.05)
     options = dict(num_warmup=20, num_samples=100, delta=1e-5, progress_bar=False,
                    reproducible_noise=True, check_mixing=False)
@@ -87,6 +87,32 @@ def test_a_second_notebook_cell_compiles_nothing(data, backend_compiles):
         draws.append(np.asarray(mcmc.get_samples()["b"]))
     assert backend_compiles.count == 0
     np.testing.assert_array_equal(draws[0], draws[1])
+
+
+def test_other_clips_run_the_same_program(data, backend_compiles):
+    # Clips are arguments of the sampler, not constants: privately chosen clips
+    # differ from run to run, and a re-run must not compile for that.
+    x, y = data
+    runner(clip=3.0).run(jax.random.PRNGKey(1), x, y)
+    with backend_compiles:
+        mcmc = runner(clip=1.5)
+        mcmc.run(jax.random.PRNGKey(1), x, y)
+    assert backend_compiles.count == 0
+    assert mcmc.sampler.grad_clip == 1.5
+
+
+@pytest.mark.parametrize("make", [lambda: ndp.DPHMC(model, num_steps=3),
+                                  lambda: ndp.DPPenalty(model)], ids=["DPHMC", "DPPenalty"])
+def test_a_second_cell_with_private_clip_selection_compiles_nothing(data, backend_compiles,
+                                                                    make):
+    x, y = data
+    for k in range(2):
+        with backend_compiles:
+            mcmc = ndp.PrivateMCMC(make(), num_warmup=20, num_samples=20, epsilon=5.0,
+                                   delta=1e-5, progress_bar=False, check_mixing=False)
+            mcmc.run(jax.random.PRNGKey(k), x, y)
+        assert mcmc.privacy_spent().ledger[0].phase == "clip selection"
+    assert backend_compiles.count == 0
 
 
 def test_progress_bar_and_thinning_give_the_same_draws(data):

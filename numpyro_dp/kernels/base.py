@@ -67,13 +67,17 @@ DENSE_PRECONDITIONER_MAX_DIM = 50
 class RunInputs(NamedTuple):
     """What :class:`~numpyro_dp.PrivateMCMC` passes to a kernel as its model arguments.
 
-    Both are arguments of the compiled sampler, never constants of it (JAX's
-    persistent compilation cache would write constants to disk), and neither
-    is ever stored in a state.
+    All are arguments of the compiled sampler, never constants of it: the rows
+    and the secret because JAX's persistent compilation cache would write
+    constants to disk (neither is ever stored in a state); the public values
+    so that a re-run whose privately chosen clips differ runs the same program
+    (:data:`DPKernel.traced_parameters`).  Build them with
+    :meth:`DPKernel.run_inputs`.
     """
 
     rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
     secret: jax.Array  # uint32[2], the run secret (numpyro_dp.primitives.secret)
+    public: dict  # the kernel's traced_parameters by name (public numbers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,6 +409,10 @@ class DPKernel(MCMCKernel):
     calibrated_noise: bool = True
     #: Whether PrivateMCMC may start the chains at a private warm start.
     tunable: bool = False
+    #: Public parameters the compiled sampler takes as arguments rather than
+    #: constants: the clips PrivateMCMC chooses privately are new numbers on
+    #: every run, and as constants they would make every re-run compile anew.
+    traced_parameters: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -689,8 +697,20 @@ class DPKernel(MCMCKernel):
         finally:
             self._armed_by = None
 
+    def run_inputs(self, rows: tuple, secret) -> RunInputs:
+        """The inputs of a run on ``rows`` (:meth:`PrivateModel.private_inputs`)."""
+        dtype = jnp.result_type(float)
+        public = {name: jnp.asarray(getattr(self, name), dtype)
+                  for name in self.traced_parameters if getattr(self, name) is not None}
+        return RunInputs(rows, jnp.asarray(secret), public)
+
+    def _parameters(self, public: dict | None) -> dict:
+        """The :data:`traced_parameters`: ``public``'s (traced) values, else the attributes."""
+        public = public or {}
+        return {name: public.get(name, getattr(self, name)) for name in self.traced_parameters}
+
     def _unpack(self, model_args: tuple, model_kwargs: dict):
-        """``(model_args, model_kwargs, secret)`` of an armed run's inputs."""
+        """``(model_args, model_kwargs, secret, public)`` of an armed run's inputs."""
         inputs = model_args[0] if len(model_args) == 1 else None
         if self._armed_by is None or not isinstance(inputs, RunInputs) or model_kwargs:
             raise RuntimeError(
@@ -700,15 +720,16 @@ class DPKernel(MCMCKernel):
                 "without accounting. Use ndp.PrivateMCMC(kernel, ...).run(key, *data)."
             )
         args, kwargs = self._private_model.rebuild(inputs.rows)
-        return args, kwargs, inputs.secret
+        return args, kwargs, inputs.secret, inputs.public
 
-    def _init_chains(self, rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn):
+    def _init_chains(self, rng_key, init_params, model_args, model_kwargs, init_fn, num_warmup):
         """Initialise one chain or a batch of chains (one key each), as NumPyro does.
 
         ``init_fn(params, rng_key)`` builds a chain's state from unconstrained
         ``params``; those come from the user or from the prior, never the data.
-        ``sample_fn(state, model_args, model_kwargs, secret)`` is kept for
-        :meth:`sample`.
+        The sampler kept for :meth:`sample` builds the algorithm's
+        ``sample_fn(state, model_args, model_kwargs, secret)`` while it is
+        traced, from the run's public values (:data:`traced_parameters`).
         """
         pm = self._private_model
 
@@ -718,34 +739,45 @@ class DPKernel(MCMCKernel):
                 params = pm.init_params(key_init, model_args, model_kwargs, self._init_strategy)
             return init_fn(params, key_state)
 
-        if is_prng_key(rng_key):
-            self._sample_fn = sample_fn
-            return init_one(rng_key, init_params)
-        self._sample_fn = vmap(sample_fn, in_axes=(0, None, None, None))
-        return vmap(init_one)(rng_key, init_params)
+        batched = not is_prng_key(rng_key)
+
+        def sample_fn(state, model_args, model_kwargs, secret, public):
+            one = self._core(num_warmup, public)[1]
+            if batched:
+                one = vmap(one, in_axes=(0, None, None, None))
+            return one(state, model_args, model_kwargs, secret)
+
+        self._sample_fn = sample_fn
+        return vmap(init_one)(rng_key, init_params) if batched else init_one(rng_key, init_params)
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        model_args, model_kwargs, _ = self._unpack(model_args, model_kwargs)
+        model_args, model_kwargs, _, _ = self._unpack(model_args, model_kwargs)
         if self.calibrated_noise and self.noise_multiplier is None:
             raise RuntimeError(
                 f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
                 "epsilon and delta to calibrate it, or pass noise_multiplier=."
             )
-        init_fn, sample_fn = self._core(num_warmup)
+        init_fn, _ = self._core(num_warmup)
         return self._init_chains(
-            rng_key, init_params, model_args, model_kwargs, init_fn, sample_fn
+            rng_key, init_params, model_args, model_kwargs, init_fn, num_warmup
         )
 
-    def _core(self, num_warmup: int) -> tuple[Callable, Callable]:
-        """``(init_fn(params, key), sample_fn(state, args, kwargs, secret))`` of the algorithm."""
+    def _core(self, num_warmup: int, public: dict | None = None) -> tuple[Callable, Callable]:
+        """``(init_fn(params, key), sample_fn(state, args, kwargs, secret))`` of the algorithm.
+
+        ``public`` holds (possibly traced) values of :data:`traced_parameters`
+        for ``sample_fn`` to use instead of the attributes
+        (:meth:`_parameters`); given, only ``sample_fn`` is needed (``init_fn``
+        may be None, and nothing that only ``init_fn`` uses need be computed).
+        """
         raise NotImplementedError
 
     def sample(self, state, model_args, model_kwargs):
-        model_args, model_kwargs, secret = self._unpack(model_args, model_kwargs)
-        return self._sample_fn(state, model_args, model_kwargs, secret)
+        model_args, model_kwargs, secret, public = self._unpack(model_args, model_kwargs)
+        return self._sample_fn(state, model_args, model_kwargs, secret, public)
 
     def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
-        args, kwargs, _ = self._unpack(args, kwargs)
+        args, kwargs, _, _ = self._unpack(args, kwargs)
         pm = self._private_model
 
         def constrain(z):

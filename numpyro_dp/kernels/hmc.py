@@ -372,6 +372,7 @@ class DPHMC(DPKernel):
     private_safe_fields = DPHMCState.published_fields
     default_fields = ("z", "accept_prob", "accepted", "diverging")
     tunable = True
+    traced_parameters = ("grad_clip", "llr_clip")
     #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).
     proposal_variance_factor = 1.0
 
@@ -552,7 +553,7 @@ class DPHMC(DPKernel):
         by_grad = 1.0 / (z_grad * unit * self.grad_clip * math.sqrt(steps * trace))
         return min(by_llr, by_grad, MAX_DEFAULT_STEP_SIZE)
 
-    def _core(self, num_warmup: int):
+    def _core(self, num_warmup: int, public: dict | None = None):
         if self.grad_clip is None or self.llr_clip is None:
             raise RuntimeError(
                 f"{type(self).__name__} has no grad_clip or llr_clip: state them, or run "
@@ -560,12 +561,13 @@ class DPHMC(DPKernel):
             )
         z_grad, z_llr = self.noise_multipliers()
         dense, adapt, inv_mass = self._mass()
+        clips = self._parameters(public)
         init_fn, sample_fn = dp_hmc(
             self._private_model,
             num_warmup,
             num_steps=self.num_steps,
-            grad_clip=self.grad_clip,
-            llr_clip=self.llr_clip,
+            grad_clip=clips["grad_clip"],
+            llr_clip=clips["llr_clip"],
             noise_multiplier_grad=z_grad,
             noise_multiplier_llr=z_llr,
             sensitivity_factor=self.sensitivity_factor,
@@ -578,6 +580,8 @@ class DPHMC(DPKernel):
             grad_route=self.grad_route,
             proposal_variance_factor=self.proposal_variance_factor,
         )
+        if public is not None:  # the sampler alone, built while tracing
+            return None, sample_fn
         step_size = self.initial_step_size()
         return (lambda params, key: init_fn(params, step_size, inv_mass, key)), sample_fn
 

@@ -361,6 +361,7 @@ class DPPenalty(DPKernel):
     private_safe_fields = DPPenaltyState.published_fields
     default_fields = ("z", "accept_prob", "accepted")
     tunable = True
+    traced_parameters = ("llr_clip",)
     #: Rows per test; ``None``: all ``n`` (:class:`DPMinibatchPenalty` sets it).
     batch_size: int | None = None
 
@@ -463,7 +464,7 @@ class DPPenalty(DPKernel):
         return self._metric(self.dense_covariance, self.adapt_covariance, None,
                             "proposal covariance", jnp.result_type(float))
 
-    def _core(self, num_warmup: int):
+    def _core(self, num_warmup: int, public: dict | None = None):
         if self.llr_clip is None:
             raise RuntimeError(
                 "DPPenalty has no llr_clip: state one, or run it through PrivateMCMC "
@@ -473,7 +474,7 @@ class DPPenalty(DPKernel):
         init_fn, sample_fn = dp_penalty(
             self._private_model,
             num_warmup,
-            llr_clip=self.llr_clip,
+            llr_clip=self._parameters(public)["llr_clip"],
             noise_multiplier=self.noise_multiplier,
             sensitivity_factor=self.sensitivity_factor,
             temperature=self.temperature,
@@ -484,6 +485,8 @@ class DPPenalty(DPKernel):
             target_accept_prob=self.target_accept_prob,
             batch_size=self.batch_size,
         )
+        if public is not None:  # the sampler alone, built while tracing
+            return None, sample_fn
         scale = self.initial_proposal_scale()
         return (lambda params, key: init_fn(params, scale, covariance, key)), sample_fn
 

@@ -42,9 +42,7 @@ def armed_init(kernel, rng_key, *args, init_params=None, num_warmup=0, **kwargs)
 
     Tests only: nothing is charged.
     """
-    from numpyro_dp.kernels.base import RunInputs
-
     pm = kernel.prepare(args, kwargs)
-    inputs = RunInputs(pm.private_inputs(args, kwargs), TEST_SECRET)
+    inputs = kernel.run_inputs(pm.private_inputs(args, kwargs), TEST_SECRET)
     with kernel.armed(object()):
         return kernel.init(rng_key, num_warmup, init_params, (inputs,), {})
