@@ -124,12 +124,13 @@ def fori_collect(
     a re-run of the same configuration on data of the same shapes compiles
     nothing, from the same runner or a new one.  The arguments and results
     are NumPyro's.  Inside a transform (the ``pmap`` of
-    ``chain_method="parallel"``) NumPyro's own loop runs: the transform compiles.
+    ``chain_method="parallel"``) NumPyro's own loop runs: the transform
+    compiles; so it does under ``jax.disable_jit()``, which compiles nothing.
 
     ``upper == 0`` (NumPyro's ``MCMC._compile``) compiles the loop and runs
     no iteration.
     """
-    if numpyro.util._is_under_jax_transform():
+    if numpyro.util._is_under_jax_transform() or jax.config.jax_disable_jit:
         return numpyro.util.fori_collect(
             lower, upper, body_fun, init_val, transform, progbar=progbar,
             return_last_val=return_last_val, collection_size=collection_size,

@@ -4,6 +4,11 @@
 lowered program; ``numpyro_compat.fori_collect`` is NumPyro's loop on top of it.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -215,3 +220,35 @@ def test_the_swap_is_undone_whatever_happens():
         assert numpyro.infer.mcmc.fori_collect is numpyro_compat.fori_collect
         raise RuntimeError("a run that fails")
     assert numpyro.infer.mcmc.fori_collect is original
+
+
+HIDDEN_CONSTANTS = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from numpyro_dp.primitives import compiled
+    x = jnp.ones(100)
+    first = compiled.compile_once(lambda v, c=jnp.full(100, 2.0): v * c, x)
+    second = compiled.compile_once(lambda v, c=jnp.arange(100.0): v * c, x)
+    text = jax.jit(lambda v, c=jnp.full(100, 2.0): v * c).lower(x).as_text()
+    assert "jax.const = true" in text, "the flag no longer hoists constants"
+    np.testing.assert_array_equal(first(x), np.full(100, 2.0))
+    np.testing.assert_array_equal(second(x), np.arange(100.0))
+    print("ok")
+""")
+
+
+def test_constants_passed_as_hidden_arguments_are_part_of_the_key():
+    # JAX's simplified-constants mode passes closed-over arrays as arguments the
+    # text does not show: their values must join the key (found by a user trial,
+    # where a prior mean given as an array was served the first run's program).
+    env = {**os.environ, "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": "1"}
+    out = subprocess.run([sys.executable, "-c", HIDDEN_CONSTANTS], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
+
+
+def test_a_run_under_disable_jit_runs_numpyros_loop(data):
+    x, y = data
+    mcmc = runner(num_warmup=3, num_samples=4)
+    with jax.disable_jit():
+        mcmc.run(jax.random.PRNGKey(0), x, y)
+    assert mcmc.get_samples()["b"].shape == (4,)

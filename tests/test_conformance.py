@@ -280,6 +280,37 @@ def test_parallel_chains_on_two_devices_are_all_charged():
     assert "devices 2" in out.stdout
 
 
+PARALLEL_DEFAULTS = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import jax
+    import numpyro_dp as ndp
+    from _support.data import logistic_model, make_logistic_data
+    X, y = make_logistic_data(600, 2, seed=3)
+    for make in (lambda: ndp.DPPenalty(logistic_model), lambda: ndp.DPHMC(logistic_model)):
+        mcmc = ndp.PrivateMCMC(make(), num_warmup=20, num_samples=20, num_chains=2,
+                               epsilon=10.0, delta=1e-6, progress_bar=False,
+                               check_mixing=False)
+        mcmc.run(jax.random.PRNGKey(0), X, y=y)
+        assert [e.phase for e in mcmc.privacy_spent().ledger][:2] == [
+            "clip selection", "warm start"], mcmc.privacy_spent().ledger
+    print("devices", jax.local_device_count())
+""")
+
+
+@pytest.mark.slow
+def test_parallel_chains_with_the_default_warm_start():
+    # The warm start's mass matrix used to be made while the chains were traced
+    # (pmap): a TracerArrayConversionError on 2 devices, found by a user trial.
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONWARNINGS": "ignore"}
+    script = PARALLEL_DEFAULTS.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "devices 2" in out.stdout
+
+
 def plateless_model(X, y=None):
     w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
     numpyro.sample("y", dist.Bernoulli(logits=X @ w).to_event(1), obs=y)

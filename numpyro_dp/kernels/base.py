@@ -77,7 +77,7 @@ class RunInputs(NamedTuple):
 
     rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
     secret: jax.Array  # uint32[2], the run secret (numpyro_dp.primitives.secret)
-    public: dict  # the kernel's traced_parameters by name (public numbers)
+    public: dict | None = None  # traced_parameters by name (None: the attributes' values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,8 +598,9 @@ class DPKernel(MCMCKernel):
         """
         dim = self._private_model.num_params
         warm = self._preconditioner if stated is None else None
+        dtype = np.dtype(dtype)  # NumPy: public numbers, concrete even while a chain is traced
         if stated is not None:
-            stated = jnp.asarray(stated, dtype)
+            stated = np.asarray(stated, dtype)
             dense = stated.ndim == 2 if dense is None else dense
             expected = (dim, dim) if dense else (dim,)
             if stated.shape != expected:
@@ -613,7 +614,7 @@ class DPKernel(MCMCKernel):
             adapt = warm is None or self._moves_freely()
         inverse = stated
         if warm is not None:
-            inverse = jnp.asarray(warm if dense else np.diag(warm), dtype)
+            inverse = np.asarray(warm if dense else np.diag(warm), dtype)
         return dense, adapt, inverse
 
     def _moves_freely(self) -> bool:

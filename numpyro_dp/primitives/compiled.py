@@ -13,10 +13,12 @@ the stale program silently.
 module: its text, with the pytree structure of its inputs and outputs and the
 placement of its arguments.  Every value a closure captures is a constant of
 that text or a shape in it, so a hit runs exactly the program just traced,
-and no key can miss what the program depends on.  Two things would live
-outside the text, and are kept out of it: arguments the program does not use
-(``keep_unused=True``: every argument is one of the module's, in order), and
-Python callbacks (``jax.debug.print``, ``jax.debug.callback``,
+and no key can miss what the program depends on.  Three things would live
+outside the text, and are handled: arguments the program does not use
+(``keep_unused=True``: every argument is one of the module's, in order);
+constants that JAX passes as hidden arguments (``jax.const`` in the text,
+under ``jax_use_simplified_jaxpr_constants``), whose values join the key;
+and Python callbacks (``jax.debug.print``, ``jax.debug.callback``,
 ``jax.pure_callback``: the text holds an index, the function is the
 executable's): a program that calls back into Python is compiled for its own
 use and never shared.  Neither side holds private data: the rows and the run
@@ -33,6 +35,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 import jax
+import numpy as np
 
 #: Compiled programs kept per process (least recently used dropped first):
 #: each holds memory and memory maps until it is dropped or :func:`clear` ed.
@@ -45,15 +48,31 @@ _lock = threading.Lock()
 stats = {"compiled": 0, "reused": 0}
 #: A custom call into Python (the callbacks of every backend).
 _PYTHON_CALLBACK = re.compile(r"custom_call @\w*python\w*callback")
+#: How the text marks a constant that JAX passes as a hidden argument
+#: (``jax_use_simplified_jaxpr_constants``): its value is not in the text.
+_HIDDEN_CONSTANT = "jax.const = true"
 
 
-def _fingerprint(lowered: jax.stages.Lowered, text: str, args: Sequence) -> str:
+def _hidden_constants(lowered: jax.stages.Lowered, text: str) -> list | None:
+    """Constants JAX passes as hidden arguments (``jax.const`` in the text), or None
+    where the program has some but they cannot be read (then it is not shared)."""
+    if _HIDDEN_CONSTANT not in text:
+        return []
+    consts = getattr(getattr(lowered, "_lowering", None), "const_args", None)
+    return None if consts is None else [np.asarray(c) for c in consts]
+
+
+def _fingerprint(lowered: jax.stages.Lowered, text: str, args: Sequence,
+                 constants: list) -> str:
     placement = [str(getattr(leaf, "sharding", None)) for leaf in jax.tree.leaves(args)]
     digest = hashlib.sha256()
     for part in (text, str(lowered.in_tree), str(lowered.out_tree),
                  jax.default_backend(), str(jax.config.jax_default_device), *placement):
         digest.update(part.encode())
         digest.update(b"\0")
+    for c in constants:  # public values (the rows and the secret are arguments)
+        digest.update(f"{c.dtype}{c.shape}".encode())
+        digest.update(c.tobytes())
     return digest.hexdigest()
 
 
@@ -78,10 +97,11 @@ def compile_once(
     """
     lowered = jax.jit(fun, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
     text = lowered.as_text()
-    if _PYTHON_CALLBACK.search(text):
+    constants = _hidden_constants(lowered, text)
+    if _PYTHON_CALLBACK.search(text) or constants is None:
         stats["compiled"] += 1
         return lowered.compile()
-    key = _fingerprint(lowered, text, args)
+    key = _fingerprint(lowered, text, args, constants)
     with _lock:
         compiled = _programs.get(key)
         if compiled is not None:
