@@ -269,15 +269,20 @@ PARALLEL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
-def test_parallel_chains_on_two_devices_are_all_charged():
+def run_on_two_devices(script: str) -> None:
+    """Run ``script`` (formatted with ``tests``, this directory) on 2 simulated devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "PYTHONWARNINGS": "ignore"}
-    script = PARALLEL_SCRIPT.format(tests=str(Path(__file__).parent))
+    script = script.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "devices 2" in out.stdout
+
+
+@pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
+def test_parallel_chains_on_two_devices_are_all_charged():
+    run_on_two_devices(PARALLEL_SCRIPT)
 
 
 PARALLEL_DEFAULTS = textwrap.dedent("""
@@ -302,13 +307,7 @@ PARALLEL_DEFAULTS = textwrap.dedent("""
 def test_parallel_chains_with_the_default_warm_start():
     # The warm start's mass matrix used to be made while the chains were traced
     # (pmap): a TracerArrayConversionError on 2 devices, found by a user trial.
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "PYTHONWARNINGS": "ignore"}
-    script = PARALLEL_DEFAULTS.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "devices 2" in out.stdout
+    run_on_two_devices(PARALLEL_DEFAULTS)
 
 
 def plateless_model(X, y=None):
