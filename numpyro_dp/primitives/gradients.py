@@ -135,7 +135,8 @@ def row_squared_norms(rows: jax.Array) -> jax.Array:
     For the indexed blocks' norms, a sum of several such parts: there XLA on
     CPU reduced over the short minor axes much slower than it multiplies by a
     vector of ones (a DPHMC iteration of the hierarchical model, 50 groups:
-    2.3x against 1.6x NumPyro HMC at n = 1e4, 1.8x against 1.6x at 1e5).  On
+    2.3x against 1.6x NumPyro HMC at n = 1e4, 1.8x against 1.6x at 1e5; at
+    1e6 it lost a little, 1.9x against 2.0x).  On
     the dense route's one ``(n, d)`` array the reduction was faster (it fuses
     with the gradients), so that keeps ``jnp.linalg.norm``.  ``HIGHEST``
     precision: an accelerator's default float32 product (TF32, bfloat16) would
