@@ -300,6 +300,14 @@ def test_forced_linear_predictor_on_unsuitable_model_raises(x64):
     assert ROUTES == ("auto", "jacobian", "linear_predictor")
 
 
+@pytest.mark.parametrize("d", [3, gradients.UNROLLED_NORM + 1])  # slices added; one reduction
+def test_column_squared_norms_are_those_of_the_rows(x64, d):
+    rows = jax.random.normal(jax.random.PRNGKey(0), (50, d)).at[7, 1].set(jnp.nan)
+    norms = jnp.sqrt(gradients.column_squared_norms(rows.T))
+    np.testing.assert_allclose(norms, jnp.linalg.norm(rows, axis=1), rtol=1e-14)
+    assert np.isnan(norms[7]) and clip_weights(norms, 1.0)[7] == 0
+
+
 def test_clip_weights():
     w = clip_weights(jnp.array([0.5, 2.0, 0.0, jnp.nan, jnp.inf]), 1.0)
     np.testing.assert_allclose(w, [1.0, 0.5, 1.0, 0.0, 0.0])

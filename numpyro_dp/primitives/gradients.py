@@ -132,19 +132,41 @@ def clip_weights(norms: jax.Array, clip: jax.Array) -> jax.Array:
 def row_squared_norms(rows: jax.Array) -> jax.Array:
     """``||r_i||^2`` of each row of an ``(n, d)`` array, as one matrix-vector product.
 
-    For the indexed blocks' norms, a sum of several such parts: there XLA on
-    CPU reduced over the short minor axes much slower than it multiplies by a
-    vector of ones (a DPHMC iteration of the hierarchical model, 50 groups:
-    2.3x against 1.6x NumPyro HMC at n = 1e4, 1.8x against 1.6x at 1e5; at
-    1e6 it lost a little, 1.9x against 2.0x).  On
-    the dense route's one ``(n, d)`` array the reduction was faster (it fuses
-    with the gradients), so that keeps ``jnp.linalg.norm``.  ``HIGHEST``
+    For the indexed blocks' few numbers a row reads (an ``(n, width)`` array
+    each): there XLA on CPU reduced over the short minor axes much slower than
+    it multiplies by a vector of ones (a DPHMC iteration of the hierarchical
+    model, 50 groups: 2.3x against 1.6x NumPyro HMC at n = 1e4, 1.8x against
+    1.6x at 1e5).  The other coordinates are stored coordinate-major
+    (:func:`column_squared_norms`).  ``HIGHEST``
     precision: an accelerator's default float32 product (TF32, bfloat16) would
     round the squares far beyond the error :func:`vector_clip_bound` allows;
     any order of summing d non-negative terms stays within it.
     """
     ones = jnp.ones(rows.shape[1], rows.dtype)
     return jnp.matmul(rows * rows, ones, precision=lax.Precision.HIGHEST)
+
+
+#: Most coordinates whose squares :func:`column_squared_norms` adds one slice at a time.
+UNROLLED_NORM = 64
+
+
+def column_squared_norms(cols: jax.Array) -> jax.Array:
+    """``||c_i||^2`` of each column of a ``(d, n)`` array (per-row vectors stored
+    coordinate-major).
+
+    With the ``d`` squares added slice by slice (an elementwise sum over ``n``)
+    XLA on CPU fuses the norms, the clip weights and the weighted exact sum
+    into passes over ``n`` that read each row's numbers where the gradient
+    pass left them; a reduction over the minor axis of ``(n, d)`` rows made
+    the gradients a separate array read twice.  A DPHMC iteration went from
+    1.56x to 1.29x NumPyro HMC (hierarchical model, n = 1e5) and from 1.80x
+    to 1.34x (1e6), the Student-t regression's from 1.53x to 1.33x (1e5)
+    (``benchmarks/bench_hmc.py``).  Any order of adding the ``d`` squares
+    stays within :func:`vector_clip_bound`.
+    """
+    if cols.shape[0] > UNROLLED_NORM:
+        return jnp.sum(cols * cols, axis=0)
+    return sum(c * c for c in cols)
 
 
 def vector_clip_bound(clip, dim: int, dtype):
@@ -216,14 +238,14 @@ def _jacobian_sum(pm: PrivateModel, plan, theta, clip, model_args, model_kwargs,
 
     def block_sum(block):  # rows of the per-row Jacobian, clipped and summed
         *block_rows, block_mask = block
-        if indexed is None:
-            jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
-            weights = _masked(clip_weights(jnp.linalg.norm(jac, axis=1), clip), block_mask)
-            return exact_sum(weights.astype(jac.dtype)[:, None] * finite(jac), bound, n, levels)
+        if indexed is None:  # coordinate-major: see column_squared_norms
+            jac = jax.vmap(jax.grad(loglik), (None, 0), 1)(theta, block_rows)
+            weights = _masked(clip_weights(jnp.sqrt(column_squared_norms(jac)), clip), block_mask)
+            return exact_sum((weights.astype(jac.dtype) * finite(jac)).T, bound, n, levels)
         rest, local, where = indexed.row_gradients(theta, block_rows)
-        squares = row_squared_norms(rest) + sum(row_squared_norms(v) for v in local)
+        squares = column_squared_norms(rest) + sum(row_squared_norms(v) for v in local)
         weights = _masked(clip_weights(jnp.sqrt(squares), clip), block_mask).astype(theta.dtype)
-        dense = exact_sum(weights[:, None] * finite(rest), bound, n, levels)
+        dense = exact_sum((weights * finite(rest)).T, bound, n, levels)
         tables = [  # one term per (row, position): a row's vector rounded as a whole
             exact_segment_sum((weights[:, None] * finite(v)).reshape(-1, 1), w.reshape(-1),
                               b.size, bound, n, levels)
@@ -649,7 +671,9 @@ class _Indexed:
 
         local, index = jax.vmap(local_values, (None, 0))(theta, rows)
         rest = jnp.concatenate([theta[a:b] for a, b in self.rest])
-        grad_rest, grad_local = jax.vmap(jax.grad(loglik, (0, 1)), (None, 0, 0))(rest, local, rows)
+        grad_rest, grad_local = jax.vmap(jax.grad(loglik, (0, 1)), (None, 0, 0), 1)(
+            rest, local, rows)
+        grad_local = [v.T for v in grad_local]
         values, where, at = [], [], 0
         for b in self.blocks:
             k = len(b.reads)
@@ -861,11 +885,16 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
     bound = vector_clip_bound(clip, theta.shape[0], dtype)
     if cut.m == 1 and cut.q == 0:
         # One value per row: grad l_i = u_i a_i, ||grad l_i|| = |u_i| ||a_i||.
-        a = A[:, 0, :]
-        weights = _masked(clip_weights(jnp.abs(u[:, 0]) * jnp.linalg.norm(a, axis=1), clip), mask)
+        # Coordinate-major, as on the general route (see column_squared_norms):
+        # a DPHMC iteration of the logistic regression went from 1.2x to 0.65x
+        # NumPyro HMC at n = 1e4 and from 1.5x to 1.3x at 1e6 (XLA now moves
+        # the theta-free transpose of A out of the loop).  On the paths below,
+        # which form the n x d gradients from A, it was 1.5-2.5x slower.
+        a = A[:, 0, :].T
+        norms = jnp.abs(u[:, 0]) * jnp.sqrt(column_squared_norms(a))
+        weights = _masked(clip_weights(norms, clip), mask)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
-        return exact_sum(coef[:, None] * jnp.where(jnp.isfinite(a), a, 0.0), bound,
-                         levels=levels)
+        return exact_sum((coef * jnp.where(jnp.isfinite(a), a, 0.0)).T, bound, levels=levels)
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
