@@ -28,11 +28,13 @@ from numpyro_dp.evaluation.models import banana_model, gaussian_model, gaussian_
 @negligible_noise_warnings
 def test_banana_negligible_noise_matches_exact_posterior():
     """SPEC s8 banana (as in test_hmc), adapted step size and diagonal preconditioner.
-    MALA follows the curved ridge slowly (ESS ~ 1% of the draws), hence the long run."""
+    MALA follows the curved ridge slowly: the ESS of theta_2 was 0.05-0.2% of
+    4 x 40 000 draws (83 to 311 over seeds 0-2, below the 200 the MMD test needs
+    for some), hence 4 x 160 000."""
     clip = 1e4
     kernel = ndp.DPMALA(banana_model, step_size=0.01, grad_clip=clip, llr_clip=clip,
                         **NEGLIGIBLE)
-    assert_exact_on_banana(kernel, 2000, 40_000, clip)
+    assert_exact_on_banana(kernel, 2000, 160_000, clip)
 
 
 @pytest.mark.slow
