@@ -33,6 +33,24 @@ def linreg_model(X, y=None):
         numpyro.sample("y", dist.Normal(X @ w + b, sigma), obs=y)
 
 
+def student_model(X, y=None):
+    # Rows feed the shared scale and degrees of freedom as well as x . w + b.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0, 3))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    nu = numpyro.sample("nu", dist.Gamma(2.0, 0.1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.StudentT(nu, X @ w + b, sigma), obs=y)
+
+
+def entangled_model(X, y=None):
+    # b reaches the row value and the shared scale: no coordinates of their own.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0, 1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w + b, jnp.exp(b)), obs=y)
+
+
 def poisson_model(X, y=None):
     w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("data", X.shape[0]):
@@ -121,6 +139,10 @@ def _data(name):
         return logistic_model, (X,), {"y": (rng.uniform(size=N) < 0.5).astype(float)}
     if name == "linreg":
         return linreg_model, (X,), {"y": 1.0 + X @ [1.0, -2.0, 0.5] + rng.normal(size=N)}
+    if name == "student":
+        return student_model, (X,), {"y": 1.0 + X @ [1.0, -2.0, 0.5] + rng.standard_t(3, size=N)}
+    if name == "entangled":
+        return entangled_model, (X,), {"y": X @ [1.0, -2.0, 0.5] + rng.normal(size=N)}
     if name == "poisson":
         return poisson_model, (X,), {"y": rng.poisson(2.0, size=N).astype(float)}
     if name == "banana":
@@ -153,23 +175,28 @@ def _data(name):
 
 
 # name -> (route auto takes, cut, m, q, coordinates in indexed blocks).  Only the
-# single-contraction linear predictor (m=1, q=0) beats the general route, and only
-# while d is at most twice the general route's numbers per row.
+# single contraction of the linear predictor (m=1, and the q shared values on
+# coordinates of their own) beats the general route, and only while d is at
+# most twice the general route's numbers per row.
 GENERAL = ("jacobian", None, None, None, 0)
+CONTRACTION = ("linear_predictor", "linear", 1, 0, 0)
 EXPECTED = {
-    "logistic": ("linear_predictor", "linear", 1, 0, 0),
-    "linreg": GENERAL,
-    "poisson": ("linear_predictor", "linear", 1, 0, 0),
+    "logistic": CONTRACTION,
+    "linreg": ("linear_predictor", "linear", 1, 2, 0),  # sigma: log and square
+    "student": ("linear_predictor", "linear", 1, 4, 0),
+    "entangled": GENERAL,
+    "poisson": CONTRACTION,
     "banana": GENERAL,
     "gaussian": GENERAL,
     "two_sites": GENERAL,
-    "factor": ("linear_predictor", "linear", 1, 0, 0),
+    "factor": CONTRACTION,
     "wide": GENERAL,
-    "hierarchical": ("jacobian", None, None, None, J),
+    # d = 5 + 5 per row by the linear predictor, 6 by the general route.
+    "hierarchical": ("linear_predictor", "linear", 1, 2, 0),
     # d = 3 + 15 would be formed whole per row by the linear predictor; 4 by the general route.
     "hier_logistic": ("jacobian", None, None, None, 3 * J),
     "slopes": ("jacobian", None, None, None, 2 * J),
-    "non_centred": ("linear_predictor", "linear", 1, 0, 0),
+    "non_centred": CONTRACTION,
 }
 
 
@@ -216,7 +243,13 @@ def test_routes_equal_loop_over_rows(x64, name):
     choice = select_route(pm, args, kwargs)
     assert (choice.route, choice.cut, choice.row_width, choice.shared_width,
             choice.indexed) == (route, cut, m, q, indexed)
-    for r in ("auto", "jacobian"):
+    routes = ["auto", "jacobian"]
+    try:  # a forced linear predictor, where the model has a narrow cut
+        select_route(pm, args, kwargs, "linear_predictor")
+        routes.append("linear_predictor")
+    except ValueError:
+        assert name in ("wide", "banana", "gaussian", "two_sites", "hier_logistic", "slopes")
+    for r in routes:
         fn, taken = clipped_grad_sum(pm, r, args, kwargs)
         assert taken == (route if r == "auto" else r)
         out = jax.jit(fn)(theta, clip, args, kwargs)

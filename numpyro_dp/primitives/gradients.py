@@ -61,13 +61,18 @@ of the sum's size; the pair ``(hi, lo)`` goes to
     mode, ``m`` passes per row; for an affine ``phi`` the computation of
     ``A_i`` does not involve ``theta`` at all, so XLA hoists it out of the
     leapfrog loop) and ``(u_i, v_i)`` come from one batched backward pass
-    (rows of a vmapped program are independent).  When the cut is a single
-    row scalar (``m = 1, q = 0``: logistic, Poisson or probit GLMs, a factor
-    of a linear predictor) the norms are ``|u_i| ||A_i||`` and the clipped sum
-    is one contraction ``sum_i w_i u_i A_i``, about the cost of an ordinary
-    gradient; otherwise the ``n x d`` rows ``A_i^T u_i + C^T v_i`` are formed,
-    clipped and summed.  Either way the norm of exactly the vector that is
-    summed is clipped, so the sensitivity bound holds as for ``"jacobian"``.
+    (rows of a vmapped program are independent).  When the cut has a single
+    row scalar (``m = 1``: logistic, Poisson or probit GLMs, a factor of a
+    linear predictor) and its shared values, if any, depend on coordinates
+    of theta of their own (a regression's scale and degrees of freedom,
+    :func:`_shared_coordinates`), the two parts of a row's gradient lie on
+    disjoint coordinates: the squared norms are
+    ``u_i^2 ||A_i||^2 + ||C^T v_i||^2`` and the clipped sum is one
+    contraction ``sum_i w_i u_i A_i`` plus a sum of ``q``-vectors, about the
+    cost of an ordinary gradient; otherwise the ``n x d`` rows
+    ``A_i^T u_i + C^T v_i`` are formed, clipped and summed.  Either way the
+    norm of exactly the vector that is summed is clipped, so the sensitivity
+    bound holds as for ``"jacobian"``.
 
     Exactness does not rest on any structural conclusion: the decomposition
     is the chain rule through values the program actually computes, the cut
@@ -82,14 +87,13 @@ cuts are tried: the *linear* cut above and the *parameter* cut (``psi``
 only: every data-free value that meets the data); a cut qualifies when
 ``m <= max(1, d // 2)`` and ``m + q <= d``.  ``"auto"`` takes the
 linear-predictor route only for the single contraction (a linear cut with
-``m = 1, q = 0``: a GLM) and only while ``d`` is at most twice the width of
-the general route's per-row gradient (indexed blocks make that narrower: a
-hierarchical model's group effects).  Every other cut forms each row's
-Jacobian of the cut *and* its gradient, and was slower than the general route
-on every model class measured (``benchmarks/bench_hmc.py``; so was a
-``m = 1`` path that sums the row and shared parts on disjoint coordinates,
-tried for the Student-t regression: the per-row Jacobian of the cut costs as
-much as the whole per-row gradient).  A forced ``route="linear_predictor"`` takes
+``m = 1`` and shared values on coordinates of their own: a GLM, or a
+regression with a learned scale or degrees of freedom) and only while ``d``
+is at most twice the width of the general route's per-row gradient (indexed
+blocks make that narrower: a hierarchical model's group effects).  Every
+other cut forms each row's Jacobian of the cut *and* its gradient, and was
+slower than the general route on every model class measured
+(``benchmarks/bench_hmc.py``).  A forced ``route="linear_predictor"`` takes
 the narrowest qualifying cut, and raises a ``ValueError`` that says why on a
 model without one.  The choice depends on the model's program and the
 shapes of the data, never on the data's values, so the choice itself
@@ -721,6 +725,33 @@ class _Plan(NamedTuple):
     order_shared: list | None = None
     order_f: list | None = None
     indexed: _Indexed | None = None
+    shared_coords: tuple | None = None  # theta coordinates of the shared values (disjoint)
+
+
+def _shared_coordinates(g: _Graph, an, cut: _Cut) -> tuple | None:
+    """Coordinates of theta that reach the cut's shared values, if no row value.
+
+    ``grad l_i = A_i^T u_i + C^T v_i``: when no coordinate of theta reaches both
+    a row value and a shared value, ``A_i`` is zero on these coordinates and
+    ``C`` zero off them (structurally: JAX's derivative of a value a
+    coordinate does not reach is an exact zero), so the two parts of a row's
+    gradient lie on disjoint coordinates and its squared norm is the sum of
+    theirs.  None when theta is not split into pieces or a piece reaches both.
+    """
+    pieces = _blocks_of_theta(g, _consumers(g, an))
+    if pieces is None:
+        return None
+    row, shared, coords = set(cut.row), set(cut.shared), []
+    for node, start, size in pieces:
+        seen = {node}
+        for k in an.live:
+            if any(not isinstance(a, tuple) and a in seen for a in g.eqns[k].ins):
+                seen.update(g.eqns[k].outs)
+        if seen & shared:
+            if seen & row:
+                return None
+            coords.extend(range(start, start + size))
+    return tuple(coords)
 
 
 def _admissible(c: _Cut, d: int) -> bool:
@@ -746,11 +777,12 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
 
     Cost model of ``"auto"`` (per row, in numbers written and summed): the
     single-contraction linear-predictor path forms ``d`` (the scaled rows of
-    the cut's Jacobian); the general route a backward pass and the gradient's
-    ``w`` numbers (``w = d`` less what indexed blocks save), about ``2 w``.
-    Every other linear-predictor path forms the ``n x d`` rows *and* Jacobians
-    of its cut, more than the general route: measured slower on every model
-    class of ``benchmarks/bench_hmc.py``, so ``"auto"`` never takes it.
+    the cut's Jacobian, plus ``q`` shared values on their own coordinates);
+    the general route a backward pass and the gradient's ``w`` numbers
+    (``w = d`` less what indexed blocks save), about ``2 w``.  Every other
+    linear-predictor path forms the ``n x d`` rows *and* Jacobians of its cut,
+    more than the general route: measured slower on every model class of
+    ``benchmarks/bench_hmc.py``, so ``"auto"`` never takes it.
     """
     one_row, rows = pm.one_row_loglik(model_args, model_kwargs)
 
@@ -788,10 +820,16 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
         )
     cut = min(good, key=lambda c: (2 * c.m + c.q, c.m))
     width = d if indexed is None else indexed.width
-    if route == "auto" and not (cut.kind == "linear" and (cut.m, cut.q) == (1, 0)):
+    shared_coords = (
+        _shared_coordinates(g, an, cut) if (cut.kind, cut.m) == ("linear", 1) and cut.q else None
+    )
+    contraction = (cut.kind, cut.m) == ("linear", 1) and (not cut.q or shared_coords is not None)
+    if route == "auto" and not contraction:
+        why = (" (a coordinate of theta reaches both the row value and a shared value)"
+               if (cut.kind, cut.m) == ("linear", 1) else "")
         return _jacobian_plan(
             f"the narrowest cut ({cut.kind}, m={cut.m}, q={cut.q}) needs each row's "
-            "Jacobian of the cut as well as its gradient: the general route is cheaper",
+            f"Jacobian of the cut as well as its gradient{why}: the general route is cheaper",
             indexed,
         )
     if route == "auto" and d > 2 * width:
@@ -810,7 +848,7 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
         f"(d={d})",
         cut.kind, cut.m, cut.q,
     )
-    return _Plan(choice, g, cut, order_row, order_shared, order_f)
+    return _Plan(choice, g, cut, order_row, order_shared, order_f, shared_coords=shared_coords)
 
 
 def select_route(
@@ -883,18 +921,37 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
     u, v = jax.vmap(jax.grad(f_row, argnums=(0, 1)), (0, None, 0))(phi, psi, rows)
 
     bound = vector_clip_bound(clip, theta.shape[0], dtype)
-    if cut.m == 1 and cut.q == 0:
-        # One value per row: grad l_i = u_i a_i, ||grad l_i|| = |u_i| ||a_i||.
+    if cut.m == 1 and (cut.q == 0 or plan.shared_coords is not None):
+        # One value per row, shared values on coordinates S of their own:
+        # grad l_i = u_i a_i + C^T v_i, a_i zero on S and C zero off it, so
+        # ||grad l_i||^2 = u_i^2 ||a_i||^2 + ||C_S^T v_i||^2 and the clipped sum
+        # is one weighted contraction of the a_i plus a sum of q-vectors, never
+        # an n x d array of gradients.  Every factor of the norm is computed
+        # from the very arrays that are summed, with relative error below
+        # (d/2 + 3) u, within vector_clip_bound.
         # Coordinate-major, as on the general route (see column_squared_norms):
         # a DPHMC iteration of the logistic regression went from 1.2x to 0.65x
         # NumPyro HMC at n = 1e4 and from 1.5x to 1.3x at 1e6 (XLA now moves
-        # the theta-free transpose of A out of the loop).  On the paths below,
-        # which form the n x d gradients from A, it was 1.5-2.5x slower.
+        # the theta-free transpose of A out of the loop).  On the path below,
+        # which forms the n x d gradients from A, it was 1.5-2.5x slower.
         a = A[:, 0, :].T
-        norms = jnp.abs(u[:, 0]) * jnp.sqrt(column_squared_norms(a))
-        weights = _masked(clip_weights(norms, clip), mask)
+        squares = jnp.square(u[:, 0]) * column_squared_norms(a)
+        if cut.q:
+            where = np.asarray(plan.shared_coords, np.int32)
+            C = jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta)[:, where]
+            # (|S|, n), as q products fused with the norms (a dot of a q x |S|
+            # matrix was a separate, slower call on CPU)
+            cs = sum(ck[:, None] * vk for ck, vk in zip(C.astype(dtype), v.T.astype(dtype),
+                                                       strict=True))
+            squares = squares + column_squared_norms(cs)
+        weights = _masked(clip_weights(jnp.sqrt(squares), clip), mask).astype(dtype)
         coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
-        return exact_sum((coef * jnp.where(jnp.isfinite(a), a, 0.0)).T, bound, levels=levels)
+        hi, lo = exact_sum((coef * jnp.where(jnp.isfinite(a), a, 0.0)).T, bound, levels=levels)
+        if cut.q:  # the same grid (bound and n); hi and lo are exact zeros on S
+            shi, slo = exact_sum((weights * jnp.where(jnp.isfinite(cs), cs, 0.0)).T, bound,
+                                 levels=levels)
+            hi, lo = hi.at[where].add(shi), lo.at[where].add(slo)
+        return hi, lo
     rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
         if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
