@@ -354,9 +354,13 @@ class DPHMC(DPKernel):
         periodic (antithetic draws, misleading R-hat).
         The DP-HMC paper's code uses ``eta u_t``, i.e. ``j = 1`` with half its
         nominal step size.
-    grad_route : {"auto", "jacobian"}
+    grad_route : {"auto", "jacobian", "linear_predictor"}
         How the per-row clipped gradient sum is computed (see
         :mod:`numpyro_dp.primitives.gradients`); all routes are exact.
+        ``"auto"`` picks from the model's program and the data's shapes
+        (:func:`numpyro_dp.primitives.gradients.select_route` says which and
+        why); a forced ``"linear_predictor"`` raises on a model without a
+        narrow cut.
     init_strategy : callable
         NumPyro init strategy (prior-based; default ``init_to_uniform``).
 
