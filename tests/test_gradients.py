@@ -402,6 +402,35 @@ def test_indexed_blocks_give_the_dense_sum(request, dtype, name):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["student", "linreg", "nan_shared"])
+def test_shared_value_contraction_gives_the_dense_sum(request, dtype, name):
+    """The linear predictor's contraction with shared values on their own
+    coordinates gives the general route's sum (same grid), also with minibatch
+    indices and masks; different programs, so float32 agrees to a few ulps."""
+    if dtype == np.float64:
+        request.getfixturevalue("x64")
+    model, _, _ = _data(name)
+    rng = np.random.default_rng(6)
+    n = 3000
+    X = rng.normal(size=(n, K)).astype(dtype)
+    kwargs = {} if name == "nan_shared" else {
+        "y": (X @ [1.0, -2.0, 0.5] + rng.standard_t(3, size=n)).astype(dtype)}
+    pm = PrivateModel(model, (X,), kwargs)
+    theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), (X,), kwargs)).astype(dtype)
+    plan = gradients._plan(pm, theta.shape, theta.dtype, (X,), kwargs)
+    assert plan.choice.route == "linear_predictor" and plan.shared_coords
+    auto, _ = clipped_grad_sum_fn(pm, "auto")
+    general, _ = clipped_grad_sum_fn(pm, "jacobian")
+    idx, mask = jnp.arange(0, n, 3), jnp.arange(n // 3) % 4 > 0
+    for kw in ({}, {"idx": idx, "mask": mask}):
+        fast = sum(jax.jit(lambda t, c, kw=kw: auto(t, c, (X,), kwargs, **kw))(theta, 1.5))
+        dense = sum(jax.jit(lambda t, c, kw=kw: general(t, c, (X,), kwargs, **kw))(theta, 1.5))
+        assert np.all(np.isfinite(fast))
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(fast, dense, rtol=tol, atol=tol * float(jnp.abs(dense).max()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n, entries, width", [(1000, 7, 1), (300_000, 13, 3), (3_000_000, 5, 1)])
 def test_exact_segment_sum_is_exact_sum_of_the_scattered_rows(request, dtype, n, entries, width):
     """Bit for bit, also when a segment's total needs more bits than the integer type
