@@ -43,6 +43,14 @@ def student_model(X, y=None):
         numpyro.sample("y", dist.StudentT(nu, X @ w + b, sigma), obs=y)
 
 
+def negbin_model(X, y=None):
+    # Overdispersed counts: the rate c / mean meets the row as c + y, not a row value.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    c = numpyro.sample("c", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(X @ w), c), obs=y)
+
+
 def entangled_model(X, y=None):
     # b reaches the row value and the shared scale: no coordinates of their own.
     w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
@@ -141,6 +149,8 @@ def _data(name):
         return linreg_model, (X,), {"y": 1.0 + X @ [1.0, -2.0, 0.5] + rng.normal(size=N)}
     if name == "student":
         return student_model, (X,), {"y": 1.0 + X @ [1.0, -2.0, 0.5] + rng.standard_t(3, size=N)}
+    if name == "negbin":
+        return negbin_model, (X,), {"y": rng.poisson(3.0, size=N).astype(float)}
     if name == "entangled":
         return entangled_model, (X,), {"y": X @ [1.0, -2.0, 0.5] + rng.normal(size=N)}
     if name == "poisson":
@@ -184,6 +194,7 @@ EXPECTED = {
     "logistic": CONTRACTION,
     "linreg": ("linear_predictor", "linear", 1, 2, 0),  # sigma: log and square
     "student": ("linear_predictor", "linear", 1, 4, 0),
+    "negbin": ("linear_predictor", "linear", 1, 2, 0),
     "entangled": GENERAL,
     "poisson": CONTRACTION,
     "banana": GENERAL,

@@ -424,8 +424,20 @@ class _Analysis:
                 self.D.update(e.outs)
             if any(a in self.T for a in nodes):
                 self.T.update(e.outs)
-                if self._linear(e) and all(_is_float(g.avals[o]) for o in e.outs):
+                if (self._linear(e) and all(_is_float(g.avals[o]) for o in e.outs)
+                        and self._narrows(e)):
                     self.lin.update(o for o in e.outs if o in self.D)
+
+    def _narrows(self, e: _Eqn) -> bool:
+        """Whether ``e``, fed by theta only through shared values, makes a row value
+        narrower than them (``x . w``, ``a[g]``).  One that does not (a dispersion
+        ``c + y``) is better after the cut, with ``c`` a shared value: as a row
+        value it would mix ``c``'s coordinate into the row values."""
+        shared = [a for a in e.ins if self._t(a)]
+        if any(a in self.D for a in shared):
+            return True  # already a row value: e continues it
+        return sum(_size(self.g.avals[a]) for a in shared) > sum(
+            _size(self.g.avals[o]) for o in e.outs)
 
     def _t(self, a) -> bool:
         return not isinstance(a, tuple) and a in self.T
