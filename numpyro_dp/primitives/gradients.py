@@ -933,6 +933,8 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
     u, v = jax.vmap(jax.grad(f_row, argnums=(0, 1)), (0, None, 0))(phi, psi, rows)
 
     bound = vector_clip_bound(clip, theta.shape[0], dtype)
+    if cut.q:  # C = d psi / d theta, (q, d)
+        C = jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta).astype(dtype)
     if cut.m == 1 and (cut.q == 0 or plan.shared_coords is not None):
         # One value per row, shared values on coordinates S of their own:
         # grad l_i = u_i a_i + C^T v_i, a_i zero on S and C zero off it, so
@@ -950,10 +952,9 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
         squares = jnp.square(u[:, 0]) * column_squared_norms(a)
         if cut.q:
             where = np.asarray(plan.shared_coords, np.int32)
-            C = jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta)[:, where]
             # (|S|, n), as q products fused with the norms (a dot of a q x |S|
             # matrix was a separate, slower call on CPU)
-            cs = sum(ck[:, None] * vk for ck, vk in zip(C.astype(dtype), v.T.astype(dtype),
+            cs = sum(ck[:, None] * vk for ck, vk in zip(C[:, where], v.T.astype(dtype),
                                                        strict=True))
             squares = squares + column_squared_norms(cs)
         weights = _masked(clip_weights(jnp.sqrt(squares), clip), mask).astype(dtype)
@@ -964,8 +965,7 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
                                  levels=levels)
             hi, lo = hi.at[where].add(shi), lo.at[where].add(slo)
         return hi, lo
-    rows_grad = v.astype(dtype) @ jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta) \
-        if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
+    rows_grad = v.astype(dtype) @ C if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
