@@ -687,9 +687,9 @@ class _Indexed:
 
         local, index = jax.vmap(local_values, (None, 0))(theta, rows)
         rest = jnp.concatenate([theta[a:b] for a, b in self.rest])
-        grad_rest, grad_local = jax.vmap(jax.grad(loglik, (0, 1)), (None, 0, 0), 1)(
+        # the rest coordinate-major (see column_squared_norms), the few read numbers per row
+        grad_rest, grad_local = jax.vmap(jax.grad(loglik, (0, 1)), (None, 0, 0), (1, 0))(
             rest, local, rows)
-        grad_local = [v.T for v in grad_local]
         values, where, at = [], [], 0
         for b in self.blocks:
             k = len(b.reads)
