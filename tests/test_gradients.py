@@ -131,6 +131,23 @@ def slopes_model(x, g, y=None):
         numpyro.sample("y", dist.Normal(loc, sigma), obs=y)
 
 
+def two_reads_model(X, g, h, y=None):
+    # Two reads of one block, at the same entry for about one row in J.
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    a = numpyro.sample("a", dist.Normal(0, 1).expand([J]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(a[g] - 0.5 * a[h] + X @ w, sigma), obs=y)
+
+
+def linear_slopes_model(x, g, y=None):
+    # Random intercepts and slopes entering linearly: a table of J x 2.
+    ab = numpyro.sample("ab", dist.Normal(0, 1).expand([J, 2]).to_event(2))
+    b = numpyro.sample("b", dist.Normal(0, 1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(b + ab[g, 0] + ab[g, 1] * x)), obs=y)
+
+
 def non_centred_model(X, g, y=None):
     # a = mu + tau z: the rows read a function of the block, not the block.
     tau = numpyro.sample("tau", dist.HalfNormal(1.0))
@@ -181,13 +198,17 @@ def _data(name):
         return slopes_model, (X[:, 0], g), {"y": rng.normal(size=N) * g}
     if name == "non_centred":
         return non_centred_model, (X, g), {"y": rng.normal(size=N) + g}
+    if name == "two_reads":
+        h = np.where(rng.uniform(size=N) < 0.3, g, rng.integers(0, J, size=N))
+        return two_reads_model, (X, g, h), {"y": rng.normal(size=N) + g}
+    if name == "linear_slopes":
+        return linear_slopes_model, (X[:, 0], g), {"y": rng.poisson(2.0, size=N).astype(float)}
     raise KeyError(name)
 
 
 # name -> (route auto takes, cut, m, q, coordinates in indexed blocks).  Only the
 # single contraction of the linear predictor (m=1, and the q shared values on
-# coordinates of their own) beats the general route, and only while d is at
-# most twice the general route's numbers per row.
+# coordinates of their own) beats the general route.
 GENERAL = ("jacobian", None, None, None, 0)
 CONTRACTION = ("linear_predictor", "linear", 1, 0, 0)
 EXPECTED = {
@@ -202,10 +223,12 @@ EXPECTED = {
     "two_sites": GENERAL,
     "factor": CONTRACTION,
     "wide": GENERAL,
-    # d = 5 + 5 per row by the linear predictor, 6 by the general route.
-    "hierarchical": ("linear_predictor", "linear", 1, 2, 0),
-    # d = 3 + 15 would be formed whole per row by the linear predictor; 4 by the general route.
-    "hier_logistic": ("jacobian", None, None, None, 3 * J),
+    # The contraction with the group effects compressed: 3 + 1 + 2 numbers per row, not d.
+    "hierarchical": ("linear_predictor", "linear", 1, 2, J),
+    "hier_logistic": ("linear_predictor", "linear", 1, 0, 3 * J),
+    "two_reads": ("linear_predictor", "linear", 1, 2, J),
+    "linear_slopes": ("linear_predictor", "linear", 1, 0, 2 * J),
+    # ab[g, 0] ** 2 is no linear predictor: the general route, compressed.
     "slopes": ("jacobian", None, None, None, 2 * J),
     "non_centred": CONTRACTION,
 }
@@ -259,7 +282,7 @@ def test_routes_equal_loop_over_rows(x64, name):
         select_route(pm, args, kwargs, "linear_predictor")
         routes.append("linear_predictor")
     except ValueError:
-        assert name in ("wide", "banana", "gaussian", "two_sites", "hier_logistic", "slopes")
+        assert name in ("wide", "banana", "gaussian", "two_sites", "slopes")
     for r in routes:
         fn, taken = clipped_grad_sum(pm, r, args, kwargs)
         assert taken == (route if r == "auto" else r)
@@ -382,34 +405,41 @@ def test_dp_hmc_routes_agree(x64):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["hierarchical", "slopes"])
+@pytest.mark.parametrize("name", ["hierarchical", "slopes", "two_reads", "linear_slopes"])
 def test_indexed_blocks_give_the_dense_sum(request, dtype, name):
-    """Compressing the group effects gives the dense route's sum (same grid), with
+    """Compressing the group effects, on the general route and in the linear
+    predictor's contraction, gives the dense route's sum (same grid), with
     minibatch indices and masks; the per-row gradients are computed by different
     programs, so in float32 they agree to a few units in the last place."""
     if dtype == np.float64:
         request.getfixturevalue("x64")
-    if True:
-        model, args, kwargs = _data(name)
-        rng = np.random.default_rng(5)
-        n = 3000
-        X = rng.normal(size=(n, K)).astype(dtype)
-        g = rng.integers(0, J, size=n)
-        args = (X[:, 0], g) if name == "slopes" else (X, g)
-        kwargs = {"y": (rng.normal(size=n) * 3 + g).astype(dtype)}
-        pm = PrivateModel(model, args, kwargs)
-        theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), args, kwargs)).astype(dtype)
-        plan = gradients._plan(pm, theta.shape, theta.dtype, args, kwargs, "jacobian")
-        assert plan.indexed is not None
-        idx, mask = jnp.arange(0, n, 3), jnp.arange(n // 3) % 4 > 0
-        for kw in ({}, {"idx": idx, "mask": mask}):
-            fast = jax.jit(lambda t, c, kw=kw: gradients._jacobian_sum(
-                pm, plan, t, c, args, kwargs, **kw))(theta, 1.5)
-            dense = jax.jit(lambda t, c, kw=kw: gradients._jacobian_sum(
-                pm, None, t, c, args, kwargs, **kw))(theta, 1.5)
-            tol = 1e-12 if dtype == np.float64 else 1e-5
-            np.testing.assert_allclose(sum(fast), sum(dense), rtol=tol,
-                                       atol=tol * float(jnp.abs(sum(dense)).max()))
+    model, _, _ = _data(name)
+    rng = np.random.default_rng(5)
+    n = 3000
+    X = rng.normal(size=(n, K)).astype(dtype)
+    g = rng.integers(0, J, size=n)
+    args = {"slopes": (X[:, 0], g), "linear_slopes": (X[:, 0], g),
+            "two_reads": (X, g, np.where(rng.uniform(size=n) < 0.3, g, rng.integers(0, J, n)))
+            }.get(name, (X, g))
+    y = rng.poisson(2.0, size=n) if name == "linear_slopes" else rng.normal(size=n) * 3 + g
+    kwargs = {"y": y.astype(dtype)}
+    pm = PrivateModel(model, args, kwargs)
+    theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), args, kwargs)).astype(dtype)
+    plan = gradients._plan(pm, theta.shape, theta.dtype, args, kwargs, "jacobian")
+    assert plan.indexed is not None
+    auto, taken = clipped_grad_sum_fn(pm, "auto", args, kwargs)
+    assert taken == ("jacobian" if name == "slopes" else "linear_predictor")
+    idx, mask = jnp.arange(0, n, 3), jnp.arange(n // 3) % 4 > 0
+    for kw in ({}, {"idx": idx, "mask": mask}):
+        dense = sum(jax.jit(lambda t, c, kw=kw: gradients._jacobian_sum(
+            pm, None, t, c, args, kwargs, **kw))(theta, 1.5))
+        compressed = jax.jit(lambda t, c, kw=kw: gradients._jacobian_sum(
+            pm, plan, t, c, args, kwargs, **kw))(theta, 1.5)
+        fast = jax.jit(lambda t, c, kw=kw: auto(t, c, args, kwargs, **kw))(theta, 1.5)
+        tol = 1e-12 if dtype == np.float64 else 1e-5
+        for out in (compressed, fast):
+            np.testing.assert_allclose(sum(out), dense, rtol=tol,
+                                       atol=tol * float(jnp.abs(dense).max()))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

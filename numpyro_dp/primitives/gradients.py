@@ -74,12 +74,20 @@ of the sum's size; the pair ``(hi, lo)`` goes to
     norm of exactly the vector that is summed is clipped, so the sensitivity
     bound holds as for ``"jacobian"``.
 
-    Exactness does not rest on any structural conclusion: the decomposition
-    is the chain rule through values the program actually computes, the cut
-    is verified to separate ``theta`` from the output (the evaluator of ``F``
-    is given no ``theta``), ``psi`` is evaluated without any row, and the
-    rows stay separate because one row's program is vmapped.  Structure only
-    decides whether the route is worthwhile.
+    The contraction forms ``A_i`` only on the coordinates that reach the row
+    value, and an indexed block's part only at the entries the row reads
+    (as on the general route): a hierarchical model's ``a[g_i] + x_i w``
+    has 5 + 1 numbers per row of its 58.
+
+    Privacy does not rest on any structural conclusion: each row's clip
+    weight comes from the norm of exactly the vector that is summed for it.
+    Exactness (the general route's sum) rests on the chain rule through
+    values the program actually computes -- the cut is verified to separate
+    ``theta`` from the output (the evaluator of ``F`` is given no ``theta``),
+    ``psi`` is evaluated without any row, the rows stay separate because one
+    row's program is vmapped -- and on JAX's derivative of a value that a
+    coordinate does not reach being an exact zero (which coordinates reach
+    which values is read off the traced program).
 
 Route selection (``"auto"``): the per-row program is traced with abstract
 rows (shapes and dtypes only; the public non-row arguments as given).  Two
@@ -87,11 +95,10 @@ cuts are tried: the *linear* cut above and the *parameter* cut (``psi``
 only: every data-free value that meets the data); a cut qualifies when
 ``m <= max(1, d // 2)`` and ``m + q <= d``.  ``"auto"`` takes the
 linear-predictor route only for the single contraction (a linear cut with
-``m = 1`` and shared values on coordinates of their own: a GLM, or a
-regression with a learned scale or degrees of freedom) and only while ``d``
-is at most twice the width of the general route's per-row gradient (indexed
-blocks make that narrower: a hierarchical model's group effects).  Every
-other cut forms each row's Jacobian of the cut *and* its gradient, and was
+``m = 1`` and shared values on coordinates of their own: a GLM, a
+regression with a learned scale or degrees of freedom, random intercepts
+or slopes entering the linear predictor).  Every other cut forms each
+row's Jacobian of the cut *and* its gradient, and was
 slower than the general route on every model class measured
 (``benchmarks/bench_hmc.py``).  A forced ``route="linear_predictor"`` takes
 the narrowest qualifying cut, and raises a ``ValueError`` that says why on a
@@ -182,6 +189,11 @@ def vector_clip_bound(clip, dim: int, dtype):
     return clip * (1.0 + (dim + 8) * unit_roundoff(dtype))
 
 
+def _finite(x: jax.Array) -> jax.Array:
+    """Non-finite entries as 0 (their rows have clip weight 0: see clip_weights)."""
+    return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
 def _masked(weights: jax.Array, mask: jax.Array | None) -> jax.Array:
     """Clip weights of a padded minibatch: rows outside the mask count 0."""
     return weights if mask is None else weights * mask.astype(weights.dtype)
@@ -237,21 +249,18 @@ def _jacobian_sum(pm: PrivateModel, plan, theta, clip, model_args, model_kwargs,
     bound = vector_clip_bound(clip, d, theta.dtype)
     indexed = None if plan is None else plan.indexed
 
-    def finite(x):
-        return jnp.where(jnp.isfinite(x), x, 0.0)
-
     def block_sum(block):  # rows of the per-row Jacobian, clipped and summed
         *block_rows, block_mask = block
         if indexed is None:  # coordinate-major: see column_squared_norms
             jac = jax.vmap(jax.grad(loglik), (None, 0), 1)(theta, block_rows)
             weights = _masked(clip_weights(jnp.sqrt(column_squared_norms(jac)), clip), block_mask)
-            return exact_sum((weights.astype(jac.dtype) * finite(jac)).T, bound, n, levels)
-        rest, local, where = indexed.row_gradients(theta, block_rows)
+            return exact_sum((weights.astype(jac.dtype) * _finite(jac)).T, bound, n, levels)
+        _, rest, local, where = indexed.row_gradients(theta, block_rows)
         squares = column_squared_norms(rest) + sum(row_squared_norms(v) for v in local)
         weights = _masked(clip_weights(jnp.sqrt(squares), clip), block_mask).astype(theta.dtype)
-        dense = exact_sum((weights * finite(rest)).T, bound, n, levels)
+        dense = exact_sum((weights * _finite(rest)).T, bound, n, levels)
         tables = [  # one term per (row, position): a row's vector rounded as a whole
-            exact_segment_sum((weights[:, None] * finite(v)).reshape(-1, 1), w.reshape(-1),
+            exact_segment_sum((weights[:, None] * _finite(v)).reshape(-1, 1), w.reshape(-1),
                               b.size, bound, n, levels)
             for b, v, w in zip(indexed.blocks, local, where, strict=True)
         ]
@@ -634,44 +643,53 @@ def _positions(read: _Read, table_shape: tuple, index: jax.Array) -> jax.Array:
 
 
 class _Indexed:
-    """Each row's gradient with every indexed block reduced to the entries it reads.
+    """A scalar of each row's program (``target``: its log-likelihood, or the linear
+    predictor) with its gradient on the coordinates that reach it, and every
+    indexed block reduced to the entries the row reads.
 
-    ``row_gradients`` gives, per row, the gradient on the other coordinates
-    (``rest``) and, per block, on the numbers the row reads (``local``), with
-    their positions in the block (``where``); a position read twice holds the
-    sum and then zeros.  The row's full gradient is ``rest`` and ``local``
-    scattered to their places and zeros elsewhere (the row's program reads
-    nothing else of a block), so its norm is computed from the compressed form
-    exactly, and every coordinate appears once, as in the dense row.
+    ``row_gradients`` gives, per row, the gradient on the pieces of theta
+    outside the blocks that reach ``target`` (``rest``) and, per block, on the
+    numbers the row reads (``local``), with their positions in the block
+    (``where``); a position read twice holds the sum and then zeros.  The
+    row's full gradient is ``rest`` and ``local`` scattered to their places
+    and zeros elsewhere (the row's program reads nothing else of a block, and
+    JAX's derivative of a value a coordinate does not reach is an exact zero),
+    so its norm is computed from the compressed form exactly, and every
+    coordinate appears once, as in the dense row.
     """
 
-    def __init__(self, g: _Graph, blocks: list[_Block], d: int):
-        self.g, self.blocks, self.d = g, blocks, d
-        taken = sorted((b.start, b.start + b.size) for b in blocks)
-        edges = [0] + [x for ab in taken for x in ab] + [d]
-        self.rest = [(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
-        reads = [r for b in blocks for r in b.reads]
+    def __init__(self, g: _Graph, an, blocks: list[_Block], d: int, target: int):
+        self.g, self.blocks, self.d, self.target = g, blocks, d, target
+        pieces = _blocks_of_theta(g, _consumers(g, an))
+        starts = {b.start for b in blocks}
+        if pieces is None:  # every coordinate outside the blocks
+            taken = sorted((b.start, b.start + b.size) for b in blocks)
+            edges = [0] + [x for ab in taken for x in ab] + [d]
+            spans = zip(edges[::2], edges[1::2], strict=True)
+        else:  # pieces outside the blocks that reach target (e.g. not a prior's mu, tau)
+            spans = [(a, a + k) for node, a, k in pieces
+                     if a not in starts and target in _reached(g, an, node)]
+        self.rest = sorted((a, b) for a, b in spans if b > a)
+        self.reads = [r for b in blocks for r in b.reads]
         self.order_local = g.schedule(
-            [r.out for r in reads] + [r.index for r in reads], [g.theta, *g.rows]
+            [r.out for r in self.reads] + [r.index for r in self.reads], [g.theta, *g.rows]
         )
-        self.order_loglik = g.schedule([g.out], [g.theta, *g.rows, *(r.out for r in reads)])
-        self.width = d - sum(b.size for b in blocks) + sum(b.width for b in blocks)
+        self.order = g.schedule([target], [g.theta, *g.rows, *(r.out for r in self.reads)])
+        self.width = sum(b - a for a, b in self.rest) + sum(b.width for b in blocks)
 
-    def _full(self, rest: jax.Array) -> jax.Array:
-        """theta with ``rest`` in its places and zeros in the blocks (read by no one)."""
-        pieces, at = [], 0
-        spans = self.rest + [(x.start, x.start + x.size) for x in self.blocks]
-        for a, b in sorted(spans):
-            if (a, b) in self.rest:
-                pieces.append(rest[at:at + b - a])
-                at += b - a
-            else:
-                pieces.append(jnp.zeros(b - a, rest.dtype))
-        return jnp.concatenate(pieces)
+    def _full(self, rest: jax.Array, theta: jax.Array) -> jax.Array:
+        """theta with ``rest`` in its places (the other coordinates reach no one)."""
+        pieces, at, end = [], 0, 0
+        for a, b in self.rest:
+            pieces += [theta[end:a], rest[at:at + b - a]]
+            at, end = at + b - a, b
+        return jnp.concatenate(pieces + [theta[end:]])
 
     def row_gradients(self, theta: jax.Array, rows: list):
-        g = self.g
-        reads = [r for b in self.blocks for r in b.reads]
+        """``(value, rest, local, where)``: per row, ``target``'s value (n,) and its
+        gradient, ``rest`` coordinate-major (see column_squared_norms), and per
+        block ``local`` (n, numbers read) and ``where`` (their positions)."""
+        g, reads = self.g, self.reads
 
         def local_values(t, row):  # the numbers each read takes, and its indices
             env = {g.theta: t, **dict(zip(g.rows, row, strict=True))}
@@ -679,43 +697,50 @@ class _Indexed:
                               + [r.index for r in reads])
             return [jnp.ravel(v) for v in vals[:len(reads)]], vals[len(reads):]
 
-        def loglik(rest, local, row):
-            env = {g.theta: self._full(rest), **dict(zip(g.rows, row, strict=True))}
+        def value(rest, local, row):
+            env = {g.theta: self._full(rest, theta), **dict(zip(g.rows, row, strict=True))}
             for r, v in zip(reads, local, strict=True):
                 env[r.out] = v.reshape(g.avals[r.out].shape)
-            return g.evaluate(self.order_loglik, env, [g.out])[0]
+            return jnp.reshape(g.evaluate(self.order, env, [self.target])[0], ())
 
         local, index = jax.vmap(local_values, (None, 0))(theta, rows)
         rest = jnp.concatenate([theta[a:b] for a, b in self.rest])
-        # the rest coordinate-major (see column_squared_norms), the few read numbers per row
-        grad_rest, grad_local = jax.vmap(jax.grad(loglik, (0, 1)), (None, 0, 0), (1, 0))(
-            rest, local, rows)
+        # the rest coordinate-major, the few read numbers per row
+        val, (grad_rest, grad_local) = jax.vmap(
+            jax.value_and_grad(value, (0, 1)), (None, 0, 0), (0, (1, 0))
+        )(rest, local, rows)
         values, where, at = [], [], 0
         for b in self.blocks:
             k = len(b.reads)
             pos = jnp.concatenate([_positions(r, b.table_shape, i)
                                    for r, i in zip(b.reads, index[at:at + k], strict=True)], 1)
-            val = jnp.concatenate(grad_local[at:at + k], 1)
+            v = jnp.concatenate(grad_local[at:at + k], 1)
             at += k
             if pos.shape[1] > 1:  # a position read twice: its sum, once
                 same = pos[:, :, None] == pos[:, None, :]
                 first = ~jnp.any(jnp.tril(same, -1), axis=2)
-                val = jnp.where(first, jnp.einsum("nij,nj->ni", same.astype(val.dtype), val), 0)
-            values.append(val)
+                v = jnp.where(first, jnp.einsum("nij,nj->ni", same.astype(v.dtype), v), 0)
+            values.append(v)
             where.append(pos)
-        return grad_rest, values, where
+        return val, grad_rest, values, where
 
-    def assemble(self, dense, tables):
-        """The full ``(hi, lo)`` sum from the rest's sum and the blocks' per-position sums."""
-        parts = [(a, b, None) for a, b in self.rest]
-        parts += [(x.start, x.start + x.size, t) for x, t in zip(self.blocks, tables, strict=True)]
-        out, at = ([], []), 0
-        for a, b, table in sorted(parts, key=lambda p: p[0]):
-            for k in range(2):
-                out[k].append(dense[k][at:at + b - a] if table is None else table[k])
-            if table is None:
-                at += b - a
-        return jnp.concatenate(out[0]), jnp.concatenate(out[1])
+    def assemble(self, dense, tables, shared=None):
+        """The full ``(hi, lo)`` sum from the rest's sum, the blocks' per-position sums
+        and, optionally, ``(coordinates, (hi, lo))`` on coordinates of neither."""
+        parts, at = [], 0  # (first coordinate, (hi, lo)) of each part
+        for a, b in self.rest:
+            parts.append((a, tuple(x[at:at + b - a] for x in dense)))
+            at += b - a
+        parts += [(x.start, t) for x, t in zip(self.blocks, tables, strict=True)]
+        if shared is not None:
+            parts += [(int(c), tuple(x[k:k + 1] for x in shared[1]))
+                      for k, c in enumerate(shared[0])]
+        out, end = ([], []), 0
+        for a, part in sorted(parts, key=lambda p: p[0]):
+            for k in range(2):  # zeros for the coordinates no part has
+                out[k].extend([jnp.zeros(a - end, dense[k].dtype), part[k]])
+            end = a + part[0].shape[0]
+        return tuple(jnp.concatenate(x + [jnp.zeros(self.d - end, x[0].dtype)]) for x in out)
 
 
 class RouteChoice(NamedTuple):
@@ -736,8 +761,18 @@ class _Plan(NamedTuple):
     order_row: list | None = None
     order_shared: list | None = None
     order_f: list | None = None
-    indexed: _Indexed | None = None
+    indexed: _Indexed | None = None  # the general route's indexed blocks
+    span: _Indexed | None = None  # the contraction's row value and where it has a gradient
     shared_coords: tuple | None = None  # theta coordinates of the shared values (disjoint)
+
+
+def _reached(g: _Graph, an, node: int) -> set[int]:
+    """The values of one row's program that ``node`` reaches (itself included)."""
+    seen = {node}
+    for k in an.live:
+        if any(not isinstance(a, tuple) and a in seen for a in g.eqns[k].ins):
+            seen.update(g.eqns[k].outs)
+    return seen
 
 
 def _shared_coordinates(g: _Graph, an, cut: _Cut) -> tuple | None:
@@ -755,10 +790,7 @@ def _shared_coordinates(g: _Graph, an, cut: _Cut) -> tuple | None:
         return None
     row, shared, coords = set(cut.row), set(cut.shared), []
     for node, start, size in pieces:
-        seen = {node}
-        for k in an.live:
-            if any(not isinstance(a, tuple) and a in seen for a in g.eqns[k].ins):
-                seen.update(g.eqns[k].outs)
+        seen = _reached(g, an, node)
         if seen & shared:
             if seen & row:
                 return None
@@ -788,13 +820,15 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
     """Analyse one row's program (abstract rows: no data value is read) and pick a route.
 
     Cost model of ``"auto"`` (per row, in numbers written and summed): the
-    single-contraction linear-predictor path forms ``d`` (the scaled rows of
-    the cut's Jacobian, plus ``q`` shared values on their own coordinates);
-    the general route a backward pass and the gradient's ``w`` numbers
-    (``w = d`` less what indexed blocks save), about ``2 w``.  Every other
-    linear-predictor path forms the ``n x d`` rows *and* Jacobians of its cut,
-    more than the general route: measured slower on every model class of
-    ``benchmarks/bench_hmc.py``, so ``"auto"`` never takes it.
+    single-contraction linear-predictor path forms the gradient of the row
+    value on the coordinates that reach it, with indexed blocks reduced to
+    the entries the row reads, plus ``q`` shared values on their own
+    coordinates: at most ``w``; the general route a backward pass and the
+    gradient's ``w`` numbers (``w = d`` less what indexed blocks save), about
+    ``2 w``.  Every other linear-predictor path forms the ``n x d`` rows *and*
+    Jacobians of its cut, more than the general route: measured slower on
+    every model class of ``benchmarks/bench_hmc.py``, so ``"auto"`` never
+    takes it.
     """
     one_row, rows = pm.one_row_loglik(model_args, model_kwargs)
 
@@ -816,7 +850,7 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
         ))
     try:
         blocks = _indexed_blocks(g, an)
-        indexed = _Indexed(g, blocks, d) if blocks else None
+        indexed = _Indexed(g, an, blocks, d, g.out) if blocks else None
     except _NotQualified:
         indexed = None
     if route == "jacobian":
@@ -831,7 +865,6 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
             f"m <= {max(1, d // 2)} and m + q <= d = {d}", indexed,
         )
     cut = min(good, key=lambda c: (2 * c.m + c.q, c.m))
-    width = d if indexed is None else indexed.width
     shared_coords = (
         _shared_coordinates(g, an, cut) if (cut.kind, cut.m) == ("linear", 1) and cut.q else None
     )
@@ -844,23 +877,25 @@ def _plan(pm: PrivateModel, theta_shape, theta_dtype, model_args, model_kwargs,
             f"Jacobian of the cut as well as its gradient{why}: the general route is cheaper",
             indexed,
         )
-    if route == "auto" and d > 2 * width:
-        return _jacobian_plan(
-            f"a linear predictor (m=1) would form all d = {d} coordinates per row", indexed
-        )
     try:
         order_row = g.schedule(cut.row, [g.theta, *g.rows])
         order_shared = g.schedule(cut.shared + cut.aux, [g.theta])
         order_f = g.schedule([g.out], [*cut.row, *cut.shared, *cut.aux, *g.rows])
+        # the contraction's row value, from the numbers each row reads of the blocks
+        span = _Indexed(g, an, [] if indexed is None else indexed.blocks, d,
+                        cut.row[0]) if contraction else None
     except _NotQualified as err:
         return _jacobian_plan(str(err), indexed)
-    choice = RouteChoice(
-        "linear_predictor",
-        f"{cut.kind} cut with m={cut.m} value(s) per row and q={cut.q} shared value(s) "
-        f"(d={d})",
-        cut.kind, cut.m, cut.q,
-    )
-    return _Plan(choice, g, cut, order_row, order_shared, order_f, shared_coords=shared_coords)
+    reason = (f"{cut.kind} cut with m={cut.m} value(s) per row and q={cut.q} shared "
+              f"value(s) (d={d})")
+    size = 0 if span is None else sum(b.size for b in span.blocks)
+    if size:
+        reason += (f"; {size} coordinate(s) in {len(span.blocks)} block(s) of which each row "
+                   f"reads a few entries, so each row's predictor has a gradient of "
+                   f"{span.width} numbers")
+    choice = RouteChoice("linear_predictor", reason, cut.kind, cut.m, cut.q, indexed=size)
+    return _Plan(choice, g, cut, order_row, order_shared, order_f, indexed, span,
+                 shared_coords)
 
 
 def select_route(
@@ -923,6 +958,52 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
         return g.evaluate(plan.order_f, env, [g.out])[0]
 
     n = rows[0].shape[0]
+    bound = vector_clip_bound(clip, theta.shape[0], dtype)
+    if cut.q:  # C = d psi / d theta, (q, d)
+        C = jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta).astype(dtype)
+    row_grads = jax.vmap(jax.grad(f_row, argnums=(0, 1)), (0, None, 0))
+    if cut.m == 1 and (cut.q == 0 or plan.shared_coords is not None):
+        # One value per row, shared values on coordinates S of their own:
+        # grad l_i = u_i a_i + C^T v_i, a_i zero on S and C zero off it, so
+        # ||grad l_i||^2 = u_i^2 ||a_i||^2 + ||C_S^T v_i||^2 and the clipped sum
+        # is one weighted contraction of the a_i plus a sum of q-vectors, never
+        # an n x d array of gradients.  a_i comes as the general route's
+        # gradients do (_Indexed.row_gradients): coordinate-major on the
+        # coordinates that reach the row value, the few numbers a row reads of
+        # an indexed block (a hierarchical model's a[g_i] + x_i w: 5 + 1
+        # numbers of 58).  Every factor of the norm is computed from the very
+        # arrays that are summed, with relative error below (d/2 + 3) u,
+        # within vector_clip_bound.
+        # Coordinate-major: a DPHMC iteration of the logistic regression went
+        # from 1.2x to 0.65x NumPyro HMC at n = 1e4 and from 1.5x to 1.3x at
+        # 1e6 (XLA moves the theta-free a_i out of the loop).  On the path
+        # below, which forms the n x d gradients from A, it was 1.5-2.5x slower.
+        # Not in blocks of rows as on the general route: blocks of 32768 rows
+        # to 1M were slower at n = 1e6 (2.3x against 1.5x for the GLM's gradient).
+        span = plan.span
+        phi, a, a_local, a_where = span.row_gradients(theta, rows)
+        u, v = row_grads(phi.astype(dtype)[:, None], psi, rows)
+        u = u[:, 0]
+        squares = column_squared_norms(a) + sum(row_squared_norms(x) for x in a_local)
+        squares = jnp.square(u) * squares
+        if cut.q:  # (|S|, n), as q products fused with the norms (a dot of a
+            # q x |S| matrix was a separate, slower call on CPU)
+            where = np.asarray(plan.shared_coords, np.int32)
+            cs = sum(ck[:, None] * vk for ck, vk in zip(C[:, where], v.T.astype(dtype),
+                                                       strict=True))
+            squares = squares + column_squared_norms(cs)
+        weights = _masked(clip_weights(jnp.sqrt(squares), clip), mask).astype(dtype)
+        coef = jnp.where(weights > 0, weights * u, 0.0).astype(dtype)
+        # All on one grid (bound and n), each part on coordinates of its own.
+        dense = exact_sum((coef * _finite(a)).T, bound, levels=levels)
+        tables = [  # one term per (row, position), as on the general route
+            exact_segment_sum((coef[:, None] * _finite(x)).reshape(-1, 1), w.reshape(-1),
+                              blk.size, bound, levels=levels)
+            for blk, x, w in zip(span.blocks, a_local, a_where, strict=True)
+        ]
+        shared_sum = (where, exact_sum((weights * _finite(cs)).T, bound, levels=levels)
+                      ) if cut.q else None
+        return span.assemble(dense, [(hi[:, 0], lo[:, 0]) for hi, lo in tables], shared_sum)
     if cut.m:
         jac_rows = jax.vmap(
             jax.jacrev(lambda t, row: (phi_row(t, row),) * 2, has_aux=True), (None, 0)
@@ -930,47 +1011,12 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
         A, phi = jac_rows(theta, rows)  # (n, m, d), (n, m)
     else:
         A, phi = None, jnp.zeros((n, 0), dtype)
-    u, v = jax.vmap(jax.grad(f_row, argnums=(0, 1)), (0, None, 0))(phi, psi, rows)
-
-    bound = vector_clip_bound(clip, theta.shape[0], dtype)
-    if cut.q:  # C = d psi / d theta, (q, d)
-        C = jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta).astype(dtype)
-    if cut.m == 1 and (cut.q == 0 or plan.shared_coords is not None):
-        # One value per row, shared values on coordinates S of their own:
-        # grad l_i = u_i a_i + C^T v_i, a_i zero on S and C zero off it, so
-        # ||grad l_i||^2 = u_i^2 ||a_i||^2 + ||C_S^T v_i||^2 and the clipped sum
-        # is one weighted contraction of the a_i plus a sum of q-vectors, never
-        # an n x d array of gradients.  Every factor of the norm is computed
-        # from the very arrays that are summed, with relative error below
-        # (d/2 + 3) u, within vector_clip_bound.
-        # Coordinate-major, as on the general route (see column_squared_norms):
-        # a DPHMC iteration of the logistic regression went from 1.2x to 0.65x
-        # NumPyro HMC at n = 1e4 and from 1.5x to 1.3x at 1e6 (XLA now moves
-        # the theta-free transpose of A out of the loop).  On the path below,
-        # which forms the n x d gradients from A, it was 1.5-2.5x slower.
-        a = A[:, 0, :].T
-        squares = jnp.square(u[:, 0]) * column_squared_norms(a)
-        if cut.q:
-            where = np.asarray(plan.shared_coords, np.int32)
-            # (|S|, n), as q products fused with the norms (a dot of a q x |S|
-            # matrix was a separate, slower call on CPU)
-            cs = sum(ck[:, None] * vk for ck, vk in zip(C[:, where], v.T.astype(dtype),
-                                                       strict=True))
-            squares = squares + column_squared_norms(cs)
-        weights = _masked(clip_weights(jnp.sqrt(squares), clip), mask).astype(dtype)
-        coef = jnp.where(weights > 0, weights * u[:, 0], 0.0).astype(dtype)
-        hi, lo = exact_sum((coef * jnp.where(jnp.isfinite(a), a, 0.0)).T, bound, levels=levels)
-        if cut.q:  # the same grid (bound and n); hi and lo are exact zeros on S
-            shi, slo = exact_sum((weights * jnp.where(jnp.isfinite(cs), cs, 0.0)).T, bound,
-                                 levels=levels)
-            hi, lo = hi.at[where].add(shi), lo.at[where].add(slo)
-        return hi, lo
+    u, v = row_grads(phi, psi, rows)
     rows_grad = v.astype(dtype) @ C if cut.q else jnp.zeros((n, theta.shape[0]), dtype)
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
-    rows_grad = jnp.where(jnp.isfinite(rows_grad), rows_grad, 0.0)
-    return exact_sum(weights.astype(dtype)[:, None] * rows_grad, bound, levels=levels)
+    return exact_sum(weights.astype(dtype)[:, None] * _finite(rows_grad), bound, levels=levels)
 
 
 def _route(pm: PrivateModel, route: str) -> Callable:
