@@ -24,11 +24,7 @@ exactly for the exact kernels, with the exact mean for the approximate ones.
 """
 
 import functools
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import arviz as az
 import jax
@@ -37,7 +33,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from _support.data import logistic_model, make_logistic_data
-from _support.running import negligible_noise_warnings, run
+from _support.running import negligible_noise_warnings, run, run_on_devices
 from _support.stats import assert_moments_match, moment_errors
 
 import numpyro_dp as ndp
@@ -271,13 +267,7 @@ PARALLEL_SCRIPT = textwrap.dedent("""
 
 def run_on_two_devices(script: str) -> None:
     """Run ``script`` (formatted with ``tests``, this directory) on 2 simulated devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "PYTHONWARNINGS": "ignore"}
-    script = script.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "devices 2" in out.stdout
+    assert "devices 2" in run_on_devices(script, 2)
 
 
 @pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores

@@ -7,13 +7,10 @@ charge.  This guards the sharding work of issue 22 (``ndp.shard_rows``, padding
 and masks, ``shard_map``): n here is divisible by the device count.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from _support.running import run_on_devices
 
 SCRIPT = textwrap.dedent("""
     import sys, warnings
@@ -63,10 +60,4 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow  # make test-all: seven kernels, three meshes each
 def test_draws_on_a_mesh_equal_one_device_for_every_kernel():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "PYTHONWARNINGS": "ignore"}
-    script = SCRIPT.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=1200)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "done" in out.stdout
+    assert "done" in run_on_devices(SCRIPT, 8, timeout=1200)

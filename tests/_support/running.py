@@ -1,5 +1,10 @@
 """Running a kernel under PrivateMCMC as the statistical tests do."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import numpy as np
 import pytest
@@ -46,3 +51,18 @@ def armed_init(kernel, rng_key, *args, init_params=None, num_warmup=0, **kwargs)
     inputs = kernel.run_inputs(pm.private_inputs(args, kwargs), TEST_SECRET)
     with kernel.armed(object()):
         return kernel.init(rng_key, num_warmup, init_params, (inputs,), {})
+
+
+def run_on_devices(script: str, devices: int, timeout: int = 900) -> str:
+    """Run ``script`` in a fresh interpreter on ``devices`` simulated CPU devices.
+
+    ``script`` is formatted with ``tests`` (the tests directory, for imports
+    of ``_support``); a failure shows the ends of its output.  Returns stdout.
+    """
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "PYTHONWARNINGS": "ignore"}
+    script = script.format(tests=str(Path(__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out.stdout
