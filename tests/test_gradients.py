@@ -316,7 +316,7 @@ def test_tuning_sums_and_row_values_in_blocks_equal_one_block(x64, monkeypatch):
                  whole, blocked)
 
 
-@pytest.mark.parametrize("name", ["poisson", "linreg"])
+@pytest.mark.parametrize("name", ["poisson", "linreg", "two_reads"])
 def test_vmap_over_thetas_and_traced_clip(x64, name):
     pm, args, kwargs, theta = _setup(name)
     thetas = theta + 0.3 * jax.random.normal(jax.random.PRNGKey(3), (3,) + theta.shape)
@@ -380,11 +380,12 @@ def test_clip_weights():
     np.testing.assert_allclose(w, [1.0, 0.5, 1.0, 0.0, 0.0])
 
 
-def test_dp_hmc_routes_agree(x64):
+@pytest.mark.parametrize("name", ["linreg", "hierarchical"])
+def test_dp_hmc_routes_agree(x64, name):
     """The kernel's trajectories do not depend on the route (same keys, same noise)."""
     from numpyro_dp.kernels.hmc import dp_hmc
 
-    pm, args, kwargs, _ = _setup("linreg")
+    pm, args, kwargs, _ = _setup(name)
     states = {}
     for route in ("linear_predictor", "jacobian"):
         init_fn, sample_fn = dp_hmc(
