@@ -962,7 +962,8 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
     if cut.q:  # C = d psi / d theta, (q, d)
         C = jax.jacrev(lambda t: ravel_pytree(shared(t)[0])[0])(theta).astype(dtype)
     row_grads = jax.vmap(jax.grad(f_row, argnums=(0, 1)), (0, None, 0))
-    if cut.m == 1 and (cut.q == 0 or plan.shared_coords is not None):
+    span = plan.span  # set by _plan for the single contraction only
+    if span is not None:
         # One value per row, shared values on coordinates S of their own:
         # grad l_i = u_i a_i + C^T v_i, a_i zero on S and C zero off it, so
         # ||grad l_i||^2 = u_i^2 ||a_i||^2 + ||C_S^T v_i||^2 and the clipped sum
@@ -978,9 +979,9 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
         # from 1.2x to 0.65x NumPyro HMC at n = 1e4 and from 1.5x to 1.3x at
         # 1e6 (XLA moves the theta-free a_i out of the loop).  On the path
         # below, which forms the n x d gradients from A, it was 1.5-2.5x slower.
-        # Not in blocks of rows as on the general route: blocks of 32768 rows
-        # to 1M were slower at n = 1e6 (2.3x against 1.5x for the GLM's gradient).
-        span = plan.span
+        # Not in blocks of rows as on the general route: in blocks of
+        # ROW_BLOCK rows the GLM's clipped gradient took 2.3x NumPyro's at
+        # n = 1e6, against 1.5x in one pass.
         phi, a, a_local, a_where = span.row_gradients(theta, rows)
         u, v = row_grads(phi.astype(dtype)[:, None], psi, rows)
         u = u[:, 0]
