@@ -57,9 +57,10 @@ from numpyro_dp.kernels import (
 )
 from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
 from numpyro_dp.mixing import MixingReport, MixingWarning
-from numpyro_dp.model import ModelSpecificationError, PrivateModel
+from numpyro_dp.model import ModelSpecificationError, PrivateModel, RowLayout
 from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
+from numpyro_dp.primitives.sharding import shard_rows
 from numpyro_dp.releases import linreg, mechanisms
 from numpyro_dp.tuning import TuningResult
 
@@ -98,6 +99,7 @@ __all__ = [
     "PrivateMCMC",
     "RunPlan",
     "PrivateModel",
+    "RowLayout",
     "audit",
     "calibrate_noise_multiplier",
     "diagnostics",
@@ -108,6 +110,7 @@ __all__ = [
     "mixing",
     "models",
     "secret",
+    "shard_rows",
     "to_datatree",
     "to_inference_data",
 ]

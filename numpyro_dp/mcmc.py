@@ -25,6 +25,7 @@ from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpen
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
 from numpyro_dp.model.adapter import tabular_to_numpy
+from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import (
     collection_params,
     guard_data,
@@ -34,6 +35,7 @@ from numpyro_dp.numpyro_compat import (
 )
 from numpyro_dp.planner import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
 from numpyro_dp.primitives.secret import run_secret
+from numpyro_dp.primitives.sharding import automatic, check_layout_given, rows_mesh, rows_on
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_STAGES,
@@ -587,7 +589,8 @@ class PrivateMCMC(MCMC):
         if calibrated is not None:
             kernel.configure(noise_multiplier=calibrated)
 
-    def plan(self, *model_args, num_rows: int | None = None, **model_kwargs) -> RunPlan:
+    def plan(self, *model_args, num_rows: int | None = None, row_layout: RowLayout | None = None,
+             **model_kwargs) -> RunPlan:
         """What :meth:`run` would cost now, computed from public facts only.
 
         Runs nothing and charges nothing; counts the clip selection and warm
@@ -609,8 +612,9 @@ class PrivateMCMC(MCMC):
         """
         kernel = self.sampler
         if model_args or model_kwargs:
-            model_args, model_kwargs = tabular_to_numpy((model_args, model_kwargs))
-            num_rows = kernel.prepare(model_args, model_kwargs).num_rows
+            model_args, model_kwargs = automatic(tabular_to_numpy((model_args, model_kwargs)))
+            check_layout_given((model_args, model_kwargs), row_layout)
+            num_rows = kernel.prepare(model_args, model_kwargs, row_layout).num_rows
         if num_rows is not None:
             check_delta_for_rows(self.delta, num_rows)
         iterations, _ = self._iterations_this_call()
@@ -715,8 +719,15 @@ class PrivateMCMC(MCMC):
             )
 
     # ------------------------------------------------------------- running
-    def run(self, rng_key, *args, extra_fields=(), init_params=None, **kwargs):
+    def run(self, rng_key, *args, extra_fields=(), init_params=None,
+            row_layout: RowLayout | None = None, **kwargs):
         """Charge the coming iterations to the ledger, then run as NumPyro does.
+
+        Rows placed on a device mesh (``jax.device_put`` with
+        ``NamedSharding(mesh, P("data"))``, or :func:`~numpyro_dp.shard_rows`,
+        whose ``row_layout`` must then be passed) are worked on where they
+        live: each release's clipped sum is added over the devices once and its
+        noise drawn once; the chains are vectorised on the mesh.
 
         Raises
         ------
@@ -737,8 +748,9 @@ class PrivateMCMC(MCMC):
                 )
         self._check_keys(rng_key)
         self._check_post_warmup_state()
-        args, kwargs = tabular_to_numpy((args, kwargs))
-        pm = kernel.prepare(args, kwargs)  # validates model and data before any charge
+        args, kwargs = automatic(tabular_to_numpy((args, kwargs)))
+        check_layout_given((args, kwargs), row_layout)
+        pm = kernel.prepare(args, kwargs, row_layout)  # validates model and data before any charge
         check_delta_for_rows(self.delta, pm.num_rows)
         self._check_init_params(init_params, pm.param_shapes)
         iterations, phase = self._iterations_this_call()
@@ -747,17 +759,21 @@ class PrivateMCMC(MCMC):
             self._charge(iterations, phase, tuning)
         secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
         rows = pm.private_inputs(args, kwargs)
+        mesh = rows_mesh(rows)
         if tuning is not None:
-            self._tune(tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
+            with rows_on(mesh):
+                self._tune(tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
         inputs = kernel.run_inputs(rows, secret)  # the clips as tuning chose them
         chain_method = self.chain_method
         if chain_method == "parallel" and self.num_chains > 1:
-            self.chain_method = parallel_with_arguments
+            # pmap would put whole chains on devices: with the rows on a mesh, every
+            # chain runs on all of them instead.
+            self.chain_method = "vectorized" if mesh else parallel_with_arguments
         try:
-            with kernel.armed(self), loops_compiled_once():
+            with kernel.armed(self), loops_compiled_once(), rows_on(mesh):
                 super().run(rng_key, inputs, extra_fields=extra_fields, init_params=init_params)
         finally:
             self.chain_method = chain_method

@@ -272,22 +272,27 @@ def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_star
 
 # ----------------------------------------------------------------- releases
 def release_histogram(
-    key: jax.Array, values: jax.Array, noise_multiplier: float, neighbourhood: str
+    key: jax.Array, values: jax.Array, noise_multiplier: float, neighbourhood: str,
+    mask: jax.Array | None = None, num_rows: int | None = None,
 ) -> jax.Array:
     """Counts of ``values`` in the bins of :data:`SCALE_GRID`, plus Gaussian noise.
 
     Bin ``k`` holds the values in ``(edge[k-1], edge[k]]``; the last bin the
-    values above the last edge and the non-finite ones.  Counts are exact
-    integers; the noise is added on the grid of
+    values above the last edge and the non-finite ones.  Rows outside ``mask``
+    (padding) are in no bin; ``num_rows`` (default: all values) is the real
+    rows' number.  Counts are exact integers; the noise is added on the grid of
     :func:`~numpyro_dp.primitives.rounding.grid_release`, whose rounding is charged in
     the sensitivity.
     """
     edges = jnp.asarray(SCALE_GRID, values.dtype)
     idx = jnp.where(jnp.isfinite(values), jnp.searchsorted(edges, values), edges.size)
-    counts = jnp.zeros(edges.size + 1, values.dtype).at[idx].add(1.0)
+    if mask is not None:
+        idx = jnp.where(mask, idx, edges.size + 1)  # past the last bin: dropped
+    counts = jnp.zeros(edges.size + 1, values.dtype).at[idx].add(1.0, mode="drop")
     dim = edges.size + 1
     sigma0 = noise_multiplier * histogram_sensitivity(neighbourhood)
-    quantum = grid_quantum(values.shape[0], sigma0, values.dtype)
+    n = values.shape[0] if num_rows is None else num_rows
+    quantum = grid_quantum(n, sigma0, values.dtype)
     sensitivity = histogram_sensitivity(neighbourhood) + grid_sensitivity(quantum, dim)
     return grid_release(key, counts, jnp.zeros_like(counts), noise_multiplier * sensitivity,
                         quantum)
@@ -519,7 +524,8 @@ def run_tuning(
         args, kwargs = pm.rebuild(rows)
         values = gradient_scales(pm, scale, theta, key, args, kwargs, whiten)
         return release_histogram(noise_key(secret, key), values,
-                                 plan.noise_multiplier_histogram, neighbourhood)
+                                 plan.noise_multiplier_histogram, neighbourhood,
+                                 pm.row_mask(), pm.num_rows)
 
     releases = {}
     dtype = theta0.dtype

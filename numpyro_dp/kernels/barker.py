@@ -53,6 +53,7 @@ from numpyro_dp.kernels.base import (
     phase_mean,
 )
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
 from numpyro_dp.primitives.rounding import dw_sum, unit_roundoff
 from numpyro_dp.primitives.secret import noise_key
@@ -349,8 +350,9 @@ class DPBarker(DPKernel):
             "n0", n0, "it is the effective number of rows of the tempered posterior (T = n0 / n).",
         )
 
-    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs)
+    def prepare(self, model_args: tuple, model_kwargs: dict,
+                row_layout: RowLayout | None = None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout)
         check_batch_size(pm.num_rows, self.batch_size)
         if self.n0 > pm.num_rows:
             raise ValueError(

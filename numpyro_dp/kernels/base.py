@@ -44,6 +44,7 @@ from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.rounding import (
     exact_sum,
     exact_sum_error,
@@ -54,6 +55,7 @@ from numpyro_dp.primitives.rounding import (
     sum_levels,
     unit_roundoff,
 )
+from numpyro_dp.primitives.sharding import over_row_shards
 
 #: One noise-limited step of at least this many unit-information posterior sds
 #: lets warm-up re-estimate the mass matrix after a warm start (see
@@ -199,18 +201,23 @@ def release_llr(
     temperature: float,
     noise_multiplier: float,
     sensitivity_factor: float,
+    num_terms: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The full-data penalty release ``T (sum_i clip_c(r_i) + N(0, sigma^2))`` and ``T sigma``.
 
     ``sigma = z * Delta`` with ``Delta`` about ``sensitivity_factor * clip``:
     one row moves the clipped sum by at most that much (plus the rounding that
     :func:`clipped_sum_sensitivity` charges).  ``clip_ratios`` keeps every term
-    within ``[-clip, clip]``.
+    within ``[-clip, clip]``.  ``num_terms`` is ``n`` when ``ratio`` holds
+    padded rows (exact zeros, :class:`~numpyro_dp.model.layout.RowLayout`); the
+    sum runs where the rows live (:func:`~numpyro_dp.primitives.sharding.over_row_shards`).
     """
     levels = sum_levels(noise_multiplier * sensitivity_factor, ratio.dtype)
-    total = exact_sum(clip_ratios(ratio, clip), clip, levels=levels)
+    n = ratio.shape[0] if num_terms is None else num_terms
+    total = over_row_shards(
+        lambda rows: exact_sum(clip_ratios(rows[0], clip), clip, n, levels), (ratio,))
     value, sigma = release_clipped_sum(
-        key, total, ratio.shape[0], clip,
+        key, total, n, clip,
         noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
     )
     return temperature * value, temperature * sigma
@@ -455,10 +462,13 @@ class DPKernel(MCMCKernel):
         """l2-sensitivity, in units of the clip bound, of a sum of clipped rows."""
         return sensitivity_factor(self.neighbourhood)
 
-    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
-        """Analyse and validate the model and data (raises on bad input)."""
+    def prepare(self, model_args: tuple, model_kwargs: dict,
+                row_layout: RowLayout | None = None) -> PrivateModel:
+        """Analyse and validate the model and data (raises on bad input);
+        ``row_layout`` says which rows of padded arrays are real (:func:`ndp.shard_rows`)."""
         self._private_model = PrivateModel(
-            self._model, model_args, model_kwargs, data_plate=self.data_plate
+            self._model, model_args, model_kwargs, data_plate=self.data_plate,
+            row_layout=row_layout,
         )
         self._sample_fn = None
         return self._private_model

@@ -55,6 +55,7 @@ from numpyro_dp.kernels.base import (
     warmup_adapter,
 )
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.secret import noise_key
@@ -267,6 +268,7 @@ def dp_hmc(
             noise_key(secret, key_llr), new.loglik_rows - old.loglik_rows, clip,
             temperature=temperature,
             noise_multiplier=noise_multiplier_llr, sensitivity_factor=sensitivity_factor,
+            num_terms=pm.num_rows,
         )
         delta_h = noisy_llr + new.prior - old.prior + kinetic(p0) - kinetic(p1)
         delta_h = jnp.where(jnp.all(jnp.isfinite(theta1)), delta_h, jnp.nan)
@@ -518,8 +520,9 @@ class DPHMC(DPKernel):
         ])
 
     # ------------------------------------------------------------ sampling
-    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs)
+    def prepare(self, model_args: tuple, model_kwargs: dict,
+                row_layout: RowLayout | None = None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout)
         self._mass()  # a stated inverse_mass_matrix is checked before any charge
         return pm
 

@@ -58,6 +58,7 @@ from numpyro_dp.kernels.base import (
     warmup_adapter,
 )
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
 from numpyro_dp.primitives.rounding import (
     dw_sum,
@@ -254,6 +255,7 @@ def dp_penalty(
             return release_llr(
                 key, ratio, clip, temperature=temperature,
                 noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
+                num_terms=pm.num_rows,
             )
         return release_batch_llr(
             key, ratio, clip, pm.num_rows * temperature / batch_size,
@@ -541,8 +543,9 @@ class DPMinibatchPenalty(DPPenalty):
             )
         self.batch_size = batch_size
 
-    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs)
+    def prepare(self, model_args: tuple, model_kwargs: dict,
+                row_layout: RowLayout | None = None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout)
         if self.batch_size > pm.num_rows:
             raise ValueError(
                 f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}; "

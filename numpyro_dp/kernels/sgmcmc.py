@@ -56,6 +56,7 @@ from numpyro_dp.kernels.base import (
     release_sum_with_noise,
 )
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import (
     poisson_batch,
     poisson_buffer_size,
@@ -443,8 +444,9 @@ class _StochasticGradientKernel(DPKernel):
             "grad_route": self.grad_route, "sum_noise": self.sum_noise,
         }
 
-    def prepare(self, model_args: tuple, model_kwargs: dict) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs)
+    def prepare(self, model_args: tuple, model_kwargs: dict,
+                row_layout: RowLayout | None = None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout)
         if self.batch_size > pm.num_rows:
             raise ValueError(
                 f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}."

@@ -59,6 +59,7 @@ from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.model.dataflow import captured_shapes, depends_on_private
+from numpyro_dp.model.layout import RowLayout
 
 
 class ModelSpecificationError(ValueError):
@@ -249,11 +250,18 @@ class PrivateModel:
     data_plate : str, optional
         Name of the plate over data rows.  Auto-detected when exactly one plate
         holds every observed site.
+    row_layout : RowLayout, optional
+        Where the real rows of padded arrays lie
+        (:func:`numpyro_dp.primitives.sharding.shard_rows`): padded rows
+        contribute exactly zero to :meth:`log_density_terms` and to every
+        clipped sum, and are not counted in ``num_rows``.
 
     Attributes
     ----------
     num_rows : int
-        The public number of rows ``n``.
+        The public number of rows ``n`` (real rows: padding excluded).
+    padded_rows : int
+        The rows of the arrays (``n`` unless padded by ``row_layout``).
     latent_sites : tuple of str
         Names of the latent sample sites, i.e. the parameters.
     data_plate : str
@@ -266,6 +274,7 @@ class PrivateModel:
         model_args: tuple = (),
         model_kwargs: dict | None = None,
         data_plate: str | None = None,
+        row_layout: RowLayout | None = None,
     ):
         self.model = model
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
@@ -285,9 +294,19 @@ class PrivateModel:
                 _structure_trace(model, zeros_args, zeros_kwargs)
 
             raise _model_error(err, "The model fails when run on its data", rerun) from None
-        self.data_plate, (self._plate_dim, self.num_rows) = self._find_data_plate(
+        self.data_plate, (self._plate_dim, self.padded_rows) = self._find_data_plate(
             trace, data_plate
         )
+        self.layout = row_layout
+        self.num_rows = self.padded_rows
+        if row_layout is not None:
+            if row_layout.padded_rows != self.padded_rows:
+                raise ModelSpecificationError(
+                    f"row_layout describes {row_layout.padded_rows} padded rows but the data "
+                    f"plate {self.data_plate!r} has {self.padded_rows}: pass the arrays and "
+                    "the layout that the same ndp.shard_rows call returned."
+                )
+            self.num_rows = row_layout.num_rows
         self._check_sites(trace)
         self.latent_sites = tuple(
             name
@@ -403,7 +422,8 @@ class PrivateModel:
                 )
 
     def _find_rows(self, model_args: tuple, model_kwargs: dict) -> tuple[int, ...]:
-        if self.num_rows > 1 and _sequences_of_length((model_args, model_kwargs), self.num_rows):
+        if self.padded_rows > 1 and _sequences_of_length((model_args, model_kwargs),
+                                                          self.padded_rows):
             raise ModelSpecificationError(
                 "A model argument is a Python list or tuple with one item per row. "
                 "Rows are recognised as private only in arrays (leading axis = rows); "
@@ -413,7 +433,7 @@ class PrivateModel:
         rows = tuple(
             i
             for i, x in enumerate(leaves)
-            if _is_array(x) and np.shape(x)[0] == self.num_rows
+            if _is_array(x) and np.shape(x)[0] == self.padded_rows
         )
         if not rows:
             # The plate's size may have been computed from the data (e.g. a count
@@ -470,7 +490,7 @@ class PrivateModel:
             )
         # Same values as the full model on a few rows (else l_i reads other rows or n).
         params = self.init_params(jax.random.PRNGKey(0), model_args, model_kwargs)
-        k = min(self.num_rows, 8)
+        k = min(self.padded_rows, 8)
         full = self._split(params, model_args, model_kwargs)[1][:k]
         alone = self.log_density_terms(params, model_args, model_kwargs, idx=jnp.arange(k))
         if not np.allclose(full, alone.loglik_rows, rtol=1e-3, atol=1e-3, equal_nan=True):
@@ -508,10 +528,10 @@ class PrivateModel:
             return self._split(params, *self._with_rows(leaves, treedef, row_leaves))
 
         captured = [shape for shape in captured_shapes(log_density, example_u, rows)
-                    if len(shape) >= 1 and shape[0] == self.num_rows]
-        if self.num_rows > 1 and captured:
+                    if len(shape) >= 1 and shape[0] == self.padded_rows]
+        if self.padded_rows > 1 and captured:
             raise ModelSpecificationError(
-                f"The model reads an array with one entry per row ({self.num_rows} rows) "
+                f"The model reads an array with one entry per row ({self.padded_rows} rows) "
                 "that is not one of its arguments (a global variable, a closure, or an "
                 "array built inside the model from a Python list or NumPy). Such rows "
                 "would be treated as public and leak: pass every per-row array as a "
@@ -545,6 +565,14 @@ class PrivateModel:
         return tuple(sorted(safe))
 
     # ------------------------------------------------------------- inputs
+    def row_mask(self) -> jax.Array | None:
+        """``True`` on the real rows of padded arrays (None when nothing is padded)."""
+        return None if self.layout is None else self.layout.mask()
+
+    def positions(self, idx: jax.Array) -> jax.Array:
+        """Where rows ``idx`` of ``[0, num_rows)`` lie in the (possibly padded) arrays."""
+        return idx if self.layout is None else self.layout.positions(idx)
+
     def private_inputs(self, model_args: tuple, model_kwargs: dict) -> tuple:
         """The row arrays of ``(model_args, model_kwargs)``: what a compiled sampler takes."""
         leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
@@ -629,7 +657,7 @@ class PrivateModel:
         leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
         row_leaves = [jnp.asarray(leaves[i]) for i in self._row_leaf_index]
         if idx is not None:
-            row_leaves = [x[idx] for x in row_leaves]
+            row_leaves = [x[self.positions(idx)] for x in row_leaves]
 
         def one_row(row):
             # The model sees this row alone, so l_i cannot read another row (a
@@ -639,6 +667,9 @@ class PrivateModel:
             return self._split(params, args, kwargs)[1][0]
 
         rows = jax.vmap(one_row)(row_leaves)
+        mask = self.row_mask() if idx is None else None
+        if mask is not None:  # padding: exactly 0, whatever the model makes of a zero row
+            rows = jnp.where(mask, rows, 0.0)
         # The prior is data-free (proved at setup) but may use the public n.
         return LogDensityTerms(self._split(params, model_args, model_kwargs)[0], rows)
 

@@ -7,5 +7,7 @@
 * :mod:`~numpyro_dp.primitives.rounding`: floating-point-safe sums and noise
   added on a grid, with the rounding charged;
 * :mod:`~numpyro_dp.primitives.secret`: the secret that every noise key
-  derives from.
+  derives from;
+* :mod:`~numpyro_dp.primitives.sharding`: rows on a device mesh (placement,
+  padding, full-data sums per shard).
 """

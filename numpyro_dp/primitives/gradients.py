@@ -124,6 +124,7 @@ from jax.flatten_util import ravel_pytree
 
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives.rounding import dw_sum, exact_segment_sum, exact_sum, unit_roundoff
+from numpyro_dp.primitives.sharding import over_row_shards, rows_sharded
 
 ROUTES = ("auto", "jacobian", "linear_predictor")
 
@@ -240,12 +241,13 @@ def _summed_blocks(fn: Callable, arrays: list, block: int) -> tuple:
 
 
 def _jacobian_sum(pm: PrivateModel, plan, theta, clip, model_args, model_kwargs,
-                  idx=None, mask=None, levels=1):
+                  idx=None, mask=None, levels=1, num_terms=None):
     """The general route; with ``plan.indexed``, each row's gradient in compressed form."""
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
     rows = [jnp.asarray(x) if idx is None else jnp.asarray(x)[idx] for x in rows]
     n, d = rows[0].shape[0], theta.shape[0]
     mask = jnp.ones(n, bool) if mask is None else mask
+    n = n if num_terms is None else num_terms
     bound = vector_clip_bound(clip, d, theta.dtype)
     indexed = None if plan is None else plan.indexed
 
@@ -925,7 +927,7 @@ def _check_forced(plan: _Plan, route: str) -> None:
 
 
 # --------------------------------------------------------- linear predictor
-def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
+def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1, num_terms=None):
     g, cut = plan.graph, plan.cut
     dtype = theta.dtype
 
@@ -996,13 +998,13 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
         weights = _masked(clip_weights(jnp.sqrt(squares), clip), mask).astype(dtype)
         coef = jnp.where(weights > 0, weights * u, 0.0).astype(dtype)
         # All on one grid (bound and n), each part on coordinates of its own.
-        dense = exact_sum((coef * _finite(a)).T, bound, levels=levels)
+        dense = exact_sum((coef * _finite(a)).T, bound, num_terms, levels)
         tables = [  # one term per (row, position), as on the general route
             exact_segment_sum((coef[:, None] * _finite(x)).reshape(-1, 1), w.reshape(-1),
-                              blk.size, bound, levels=levels)
+                              blk.size, bound, num_terms, levels)
             for blk, x, w in zip(span.blocks, a_local, a_where, strict=True)
         ]
-        shared_sum = (where, exact_sum((weights * _finite(cs)).T, bound, levels=levels)
+        shared_sum = (where, exact_sum((weights * _finite(cs)).T, bound, num_terms, levels)
                       ) if cut.q else None
         return span.assemble(dense, [(hi[:, 0], lo[:, 0]) for hi, lo in tables], shared_sum)
     if cut.m:
@@ -1017,17 +1019,27 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1):
     if cut.m:
         rows_grad = rows_grad + jnp.einsum("nm,nmd->nd", u.astype(dtype), A)
     weights = _masked(clip_weights(jnp.linalg.norm(rows_grad, axis=1), clip), mask)
-    return exact_sum(weights.astype(dtype)[:, None] * _finite(rows_grad), bound, levels=levels)
+    return exact_sum(weights.astype(dtype)[:, None] * _finite(rows_grad), bound, num_terms,
+                     levels)
 
 
 def _route(pm: PrivateModel, route: str) -> Callable:
     def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
         theta = jnp.asarray(theta)
+        if idx is not None:  # a minibatch: its rows gathered wherever they live
+            return rows_sum(theta, clip, model_args, model_kwargs, pm.positions(idx), mask,
+                            levels, None)
+        # Every row, padding weighted 0 and left out of n, each device summing its own.
+        return full_data(pm, lambda args, kwargs, row_mask: rows_sum(
+            theta, clip, args, kwargs, None, row_mask, levels, pm.num_rows),
+            model_args, model_kwargs)
+
+    def rows_sum(theta, clip, model_args, model_kwargs, idx, mask, levels, num_terms):
         plan = _plan(pm, theta.shape, theta.dtype, model_args, model_kwargs, route)
         _check_forced(plan, route)
 
         def general():
-            args = (theta, clip, model_args, model_kwargs, idx, mask, levels)
+            args = (theta, clip, model_args, model_kwargs, idx, mask, levels, num_terms)
             if plan.indexed is None:
                 return _jacobian_sum(pm, None, *args)
             try:
@@ -1041,9 +1053,9 @@ def _route(pm: PrivateModel, route: str) -> Callable:
         if idx is not None:
             rows = [x[idx] for x in rows]
         if route == "linear_predictor":
-            return _linear_predictor_sum(plan, theta, clip, rows, mask, levels)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask, levels, num_terms)
         try:
-            return _linear_predictor_sum(plan, theta, clip, rows, mask, levels)
+            return _linear_predictor_sum(plan, theta, clip, rows, mask, levels, num_terms)
         except Exception:  # noqa: BLE001 - a tracing failure (shapes only): general route
             return general()
 
@@ -1096,6 +1108,28 @@ def clipped_grad_sum_fn(
     return _route(pm, route), taken
 
 
+def full_data(pm: PrivateModel, fn: Callable, model_args: tuple, model_kwargs: dict,
+              out_rows: bool = False):
+    """``fn(model_args, model_kwargs, row_mask)`` on every row, where the rows live.
+
+    ``row_mask`` marks the real rows of padded arrays (None: all are real).  On
+    one device this is the call itself; with the run's rows on a mesh, ``fn``
+    runs on each device's block (:func:`~numpyro_dp.primitives.sharding.over_row_shards`),
+    its exact sums added over the devices.
+    """
+    mask = pm.row_mask()
+    if not rows_sharded():
+        return fn(model_args, model_kwargs, mask)
+    rows = pm.private_inputs(model_args, model_kwargs)
+
+    def block(parts):
+        if mask is None:
+            return fn(*pm.rebuild(parts), None)
+        return fn(*pm.rebuild(parts[:-1]), parts[-1])
+
+    return over_row_shards(block, rows if mask is None else (*rows, mask), out_rows)
+
+
 def _row_blocks(fn: Callable, rows: list, block: int) -> jax.Array:
     """``fn`` (one value per row) over the rows in blocks of at most ``block`` rows."""
     return jnp.concatenate([out.reshape(-1) for out in _map_blocks(fn, rows, block)])
@@ -1114,8 +1148,14 @@ def row_gradient_scales(
     ``directions`` holds unit vectors ``u_k`` (rows); ``whiten`` a matrix
     ``L``: the norm of ``L^T grad l_i`` (the gradient in the coordinates
     ``theta = L phi``).  Private values, for a DP quantile only
-    (:mod:`numpyro_dp.tuning`).
+    (:mod:`numpyro_dp.tuning`); padded rows' values are meaningless (mask them
+    with ``pm.row_mask()``).
     """
+    return full_data(pm, lambda args, kwargs, _: _row_scales(
+        pm, theta, args, kwargs, directions, whiten), model_args, model_kwargs, out_rows=True)
+
+
+def _row_scales(pm, theta, model_args, model_kwargs, directions, whiten):
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
 
     def block_scales(block_rows):
@@ -1153,20 +1193,32 @@ def clipped_grad_and_hessian_sums(
     ``vector_clip_bound(C, d)`` and ``vector_clip_bound(K, d^2)``, so one row
     moves the first by ``C`` and the second by ``K`` (add/remove).  With
     ``hessian_clip=None`` no Hessian is computed and its sum is zeros.
-    Private values: for the private warm start's releases only.
+    Private values: for the private warm start's releases only.  Padded rows
+    count 0, and the sums run where the rows live (:func:`full_data`).
     """
+    return full_data(pm, lambda args, kwargs, mask: _grad_and_hessian_sums(
+        pm, theta, clip, hessian_clip, args, kwargs, levels, whiten, mask),
+        model_args, model_kwargs)
+
+
+def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwargs, levels,
+                           whiten, mask):
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
     rows = [jnp.asarray(x) for x in rows]
-    n, d, dtype = rows[0].shape[0], theta.shape[0], theta.dtype
+    n, d, dtype = pm.num_rows, theta.shape[0], theta.dtype
+    if mask is None:
+        mask = jnp.ones(rows[0].shape[0], bool)
     bound = vector_clip_bound(clip, d, dtype)
     with_hessian = hessian_clip is not None
     hess_bound = vector_clip_bound(hessian_clip, d * d, dtype) if with_hessian else None
 
-    def clipped(values, limit):
-        weights = clip_weights(jnp.linalg.norm(values, axis=1), limit)
-        return weights.astype(dtype)[:, None] * jnp.where(jnp.isfinite(values), values, 0.0)
+    def block_sums(block):
+        *block_rows, block_mask = block
 
-    def block_sums(block_rows):
+        def clipped(values, limit):
+            weights = _masked(clip_weights(jnp.linalg.norm(values, axis=1), limit), block_mask)
+            return weights.astype(dtype)[:, None] * _finite(values)
+
         jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
         if whiten is not None:
             jac = jac @ whiten
@@ -1180,7 +1232,7 @@ def clipped_grad_and_hessian_sums(
         hess = clipped(hess.reshape(hess.shape[0], d * d), hessian_clip)
         return grad_sum, exact_sum(hess, hess_bound, n, levels)
 
-    return _summed_blocks(block_sums, rows, HESSIAN_BLOCK)
+    return _summed_blocks(block_sums, rows + [mask], HESSIAN_BLOCK)
 
 
 def row_hessian_norms(
@@ -1188,7 +1240,13 @@ def row_hessian_norms(
     whiten: jax.Array | None = None,
 ) -> jax.Array:
     """``||hess l_i(theta)||_F`` per row, or ``||L^T hess l_i L||_F`` with ``whiten``
-    a matrix ``L`` (private: for a DP quantile only)."""
+    a matrix ``L`` (private: for a DP quantile only; padded rows as in
+    :func:`row_gradient_scales`)."""
+    return full_data(pm, lambda args, kwargs, _: _row_hessian_norms(
+        pm, theta, args, kwargs, whiten), model_args, model_kwargs, out_rows=True)
+
+
+def _row_hessian_norms(pm, theta, model_args, model_kwargs, whiten):
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
 
     def block_norms(block_rows):

@@ -55,6 +55,8 @@ import numpy as np
 from jax import random
 from jax.scipy.special import ndtri
 
+from numpyro_dp.primitives.sharding import row_axis, row_axis_size
+
 #: Bits of the output cell below sigma: g = 2^(floor(log2 sigma) - GRID_BITS).
 GRID_BITS = 8
 #: Statistics and noise, in units of the grid step q, stay below 2^(2p - HEADROOM)
@@ -226,10 +228,15 @@ def _integer_total(totals: jax.Array, dtype):
     exact.
     """
     half = jnp.iinfo(totals.dtype).bits // 2 - 1
-    if totals.shape[0] >= 2**half:
+    axis = row_axis()
+    if totals.shape[0] * row_axis_size() >= 2**half:
+        if axis is not None:  # every block's totals, d numbers each, in device order
+            totals = jax.lax.all_gather(totals, axis, tiled=True)
         return dw_sum(jnp.concatenate(_to_dw(totals, dtype)))
     high = (totals >> half).sum(0)  # floor division by 2^half, also for negatives
     low = (totals & (2**half - 1)).sum(0)
+    if axis is not None:  # rows on a mesh (sharding.over_row_shards): exact integer sums
+        high, low = jax.lax.psum((high, low), axis)
     scale = jnp.asarray(2.0**half, dtype)
     high_hi, high_lo = _to_dw(high, dtype)
     return dw_add(high_hi * scale, high_lo * scale, *_to_dw(low, dtype))
@@ -257,6 +264,8 @@ def _segment_total(units: jax.Array, segment_ids: jax.Array, num_segments: int, 
         rest = rest >> chunk  # floor division by 2^chunk, also for negatives
     chunks.append(rest)
     totals = [jax.ops.segment_sum(c, segment_ids, num_segments) for c in chunks]
+    if row_axis() is not None:  # rows on a mesh: chunk sums over all rows, exact
+        totals = jax.lax.psum(totals, row_axis())
     scale = jnp.asarray(2.0**chunk, dtype)
     hi, lo = _to_dw(totals[-1], dtype)
     for t in reversed(totals[:-1]):
