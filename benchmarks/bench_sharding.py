@@ -70,7 +70,7 @@ def _worker(args) -> dict:
     from numpyro_dp.kernels.penalty import dp_penalty
     from numpyro_dp.model.adapter import PrivateModel
     from numpyro_dp.primitives.secret import draw_secret
-    from numpyro_dp.primitives.sharding import rows_mesh, rows_on
+    from numpyro_dp.primitives.sharding import RunMesh, mesh_on, rows_mesh
 
     def model(X, y=None):
         w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]))
@@ -102,7 +102,7 @@ def _worker(args) -> dict:
               adapt_step_size=False, adapt_mass_matrix=False)
     benches["numpyro_hmc"] = (looped(hmc.sample), hmc.init(random.PRNGKey(1), 0, start, margs,
                                                             mkwargs))
-    with rows_on(rows_mesh((Xs, ys))):  # as PrivateMCMC.run traces its programs
+    with mesh_on(RunMesh(*rows_mesh((Xs, ys)))):  # as PrivateMCMC.run traces its programs
         init_h, sample_h = dp_hmc(pm, 0, num_steps=L, grad_clip=3.0, llr_clip=3.0,
                                   noise_multiplier_grad=2.0, noise_multiplier_llr=2.0,
                                   sensitivity_factor=2.0, adapt_step_size=False,

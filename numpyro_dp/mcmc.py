@@ -10,6 +10,7 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from numpyro.infer import MCMC
 from numpyro.util import is_prng_key
 
@@ -30,12 +31,22 @@ from numpyro_dp.numpyro_compat import (
     collection_params,
     guard_data,
     loops_compiled_once,
-    parallel_with_arguments,
     warmup_state,
 )
 from numpyro_dp.planner import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
 from numpyro_dp.primitives.secret import run_secret
-from numpyro_dp.primitives.sharding import automatic, check_layout_given, rows_mesh, rows_on
+from numpyro_dp.primitives.sharding import (
+    CHAIN_AXIS,
+    DATA_AXIS,
+    RunMesh,
+    automatic,
+    automatic_mesh,
+    check_layout_given,
+    check_run_mesh,
+    mesh_on,
+    rows_mesh,
+    shard_rows,
+)
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_STAGES,
@@ -244,6 +255,15 @@ class PrivateMCMC(MCMC):
         before a calibrated call, warn likewise when the noise lets one chain
         travel fewer posterior sds than the planner calls marginal
         (:func:`~numpyro_dp.plan`).
+    mesh : jax.sharding.Mesh, optional
+        Devices to run on, with an axis ``"chain"`` (chains are split over it:
+        ``num_chains`` a multiple of its size), an axis ``"data"`` (each chain's
+        rows are split over it, padded by :func:`~numpyro_dp.shard_rows`, and
+        every release's clipped sum is added over it once), or both, e.g.
+        ``jax.make_mesh((2, 4), ("chain", "data"))``.  Without it, rows the user
+        placed with :func:`~numpyro_dp.shard_rows` set the mesh, and
+        ``chain_method="parallel"`` splits the chains over ``num_chains``
+        devices (NumPyro uses ``pmap``).
 
     Attributes
     ----------
@@ -285,6 +305,7 @@ class PrivateMCMC(MCMC):
         clip_selection: float = CLIP_SELECTION_SHARE,
         warm_start_steps: int = WARM_START_STEPS,
         check_mixing: bool = True,
+        mesh: Mesh | None = None,
     ):
         if not isinstance(sampler, DPKernel):
             raise TypeError(
@@ -335,6 +356,8 @@ class PrivateMCMC(MCMC):
                 "'vectorized'. A custom chain method could run other chains than "
                 "the num_chains that are charged."
             )
+        if mesh is not None:
+            check_run_mesh(mesh)
         if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
             raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
         calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
@@ -377,6 +400,7 @@ class PrivateMCMC(MCMC):
         self.reproducible_noise = bool(reproducible_noise)
         self.max_noise_multiplier = float(max_noise_multiplier)
         self.check_mixing = bool(check_mixing)
+        self.mesh = mesh
         self.mixing: MixingReport | None = None
         self.warm_start = warm_start if warm_start == "auto" else float(warm_start)
         self.clip_selection = float(clip_selection)
@@ -727,7 +751,9 @@ class PrivateMCMC(MCMC):
         ``NamedSharding(mesh, P("data"))``, or :func:`~numpyro_dp.shard_rows`,
         whose ``row_layout`` must then be passed) are worked on where they
         live: each release's clipped sum is added over the devices once and its
-        noise drawn once; the chains are vectorised on the mesh.
+        noise drawn once; the chains are a batch on the mesh, split over its
+        ``"chain"`` axis if it has one (see ``mesh``).  With several processes
+        (``jax.distributed``) every process calls ``run`` with its own rows.
 
         Raises
         ------
@@ -751,6 +777,7 @@ class PrivateMCMC(MCMC):
         args, kwargs = automatic(tabular_to_numpy((args, kwargs)))
         check_layout_given((args, kwargs), row_layout)
         pm = kernel.prepare(args, kwargs, row_layout)  # validates model and data before any charge
+        args, kwargs, pm, run_mesh = self._place(args, kwargs, pm, row_layout)
         check_delta_for_rows(self.delta, pm.num_rows)
         self._check_init_params(init_params, pm.param_shapes)
         iterations, phase = self._iterations_this_call()
@@ -759,21 +786,19 @@ class PrivateMCMC(MCMC):
             self._charge(iterations, phase, tuning)
         secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
         rows = pm.private_inputs(args, kwargs)
-        mesh = rows_mesh(rows)
         if tuning is not None:
-            with rows_on(mesh):
+            with mesh_on(run_mesh):
                 self._tune(tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
         inputs = kernel.run_inputs(rows, secret)  # the clips as tuning chose them
         chain_method = self.chain_method
-        if chain_method == "parallel" and self.num_chains > 1:
-            # pmap would put whole chains on devices: with the rows on a mesh, every
-            # chain runs on all of them instead.
-            self.chain_method = "vectorized" if mesh else parallel_with_arguments
+        if run_mesh is not None and self.num_chains > 1:
+            # The chains are a batch on the mesh (split over its chain axis, if any).
+            self.chain_method = "vectorized"
         try:
-            with kernel.armed(self), loops_compiled_once(), rows_on(mesh):
+            with kernel.armed(self), loops_compiled_once(), mesh_on(run_mesh):
                 super().run(rng_key, inputs, extra_fields=extra_fields, init_params=init_params)
         finally:
             self.chain_method = chain_method
@@ -784,6 +809,57 @@ class PrivateMCMC(MCMC):
             draws = self.get_samples(group_by_chain=True)
             self.mixing = mixing_report({k: draws[k] for k in pm.latent_sites if k in draws})
             warn_if_not_mixed(self.mixing, stacklevel=2)
+
+    def _place(self, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
+        """The run's mesh (:class:`RunMesh`, None for one device), with the rows
+        placed on its data axis (padded by :func:`shard_rows`) if they are not yet.
+
+        Returns ``(args, kwargs, pm, run_mesh)``.
+        """
+        rows = pm.private_inputs(args, kwargs)
+        placed = rows_mesh(rows)
+        mesh = None if self.mesh is None else automatic_mesh(self.mesh)
+        if placed is None and mesh is not None and mesh.shape.get(DATA_AXIS, 1) > 1:
+            if row_layout is not None:
+                raise ValueError(
+                    "row_layout was given for rows that are not on the mesh; pass the "
+                    "unpadded rows (PrivateMCMC(mesh=) places and pads them) or the "
+                    "arrays that ndp.shard_rows(mesh, ...) returned."
+                )
+            *rows, row_layout = shard_rows(mesh, *rows)
+            args, kwargs = pm.rebuild(rows)
+            pm = self.sampler.prepare(args, kwargs, row_layout)
+            placed = rows_mesh(rows)
+        if placed is not None and mesh not in (None, placed[0]):
+            raise ValueError(
+                f"The rows lie on a mesh of axes {dict(placed[0].shape)}, not on "
+                f"PrivateMCMC's mesh {dict(mesh.shape)}: place them with "
+                "ndp.shard_rows(mesh, ...) on the runner's mesh, or pass them unplaced "
+                "(the runner places them)."
+            )
+        if placed is not None:
+            mesh = placed[0]
+        elif mesh is None and self.chain_method == "parallel" and self.num_chains > 1:
+            # NumPyro pmaps the chains over num_chains devices (it has switched to
+            # "sequential" where there are fewer): a chain axis over them instead.
+            devices = np.asarray(jax.local_devices()[: self.num_chains])
+            mesh = automatic_mesh(Mesh(devices, (CHAIN_AXIS,)))
+        if mesh is None:
+            return args, kwargs, pm, None
+        chains = CHAIN_AXIS if mesh.shape.get(CHAIN_AXIS, 1) > 1 else None
+        if chains is not None and jax.process_count() > 1:
+            raise ValueError(
+                f"With {jax.process_count()} processes, split the rows over the hosts and "
+                f"run the chains as a batch: a mesh without a {CHAIN_AXIS!r} axis, e.g. "
+                f"jax.make_mesh((jax.device_count(),), ({DATA_AXIS!r},))."
+            )
+        if chains is not None and self.num_chains % mesh.shape[CHAIN_AXIS]:
+            raise ValueError(
+                f"num_chains={self.num_chains} cannot be split evenly over the mesh's "
+                f"{CHAIN_AXIS!r} axis of {mesh.shape[CHAIN_AXIS]} devices: run a multiple "
+                f"of {mesh.shape[CHAIN_AXIS]} chains, or make the axis smaller."
+            )
+        return args, kwargs, pm, RunMesh(mesh, placed and placed[1], chains)
 
     def _tune(self, plan: TuningPlan, rng_key, pm, args, kwargs, rows: tuple, secret) -> None:
         """Run the charged tuning releases; adopt the clips; keep the warm start."""

@@ -12,8 +12,6 @@ that test instead of the privacy of a run:
 * the pending continuation (``_warmup_state``) and the coming call's phase
   and number of iterations (``_collection_params``);
 * whether a run has produced draws (``_states``);
-* how ``chain_method="parallel"`` maps the chains: a ``functools.partial``
-  whose keywords hold ``args`` and ``kwargs`` (:func:`parallel_with_arguments`);
 * that ``MCMC`` runs a chain's loop through the ``fori_collect`` of its module
   (:func:`loops_compiled_once` swaps in :func:`fori_collect`).
 """
@@ -21,7 +19,6 @@ that test instead of the privacy of a run:
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpyro.infer.mcmc
 import numpyro.util
-from jax import lax, pmap
+from jax import lax
 from numpyro.infer.mcmc import MCMC
 from tqdm.auto import trange
 
@@ -82,26 +79,6 @@ def guard_data(error: Callable[[], Exception]) -> Callable[[type], type]:
     return decorate
 
 
-def parallel_with_arguments(map_fn: functools.partial) -> Callable:
-    """NumPyro's ``chain_method="parallel"`` with the model arguments as ``pmap`` inputs.
-
-    NumPyro pmaps a ``functools.partial`` that closes over the arguments, which
-    would make the private rows and the run secret constants of the compiled
-    program (and of JAX's persistent compilation cache).  Here they are
-    broadcast inputs instead.
-    """
-    keywords = dict(map_fn.keywords)
-    args, kwargs = keywords.pop("args"), keywords.pop("kwargs")
-
-    def chains(map_args):
-        def one(map_arg, a, kw):
-            return map_fn.func(map_arg, args=a, kwargs=kw, **keywords)
-
-        return pmap(one, in_axes=(0, None, None))(map_args, args, kwargs)
-
-    return chains
-
-
 def fori_collect(
     lower: int,
     upper: int,
@@ -123,8 +100,7 @@ def fori_collect(
     looked up by what it computes (:func:`~numpyro_dp.primitives.compiled.compile_once`):
     a re-run of the same configuration on data of the same shapes compiles
     nothing, from the same runner or a new one.  The arguments and results
-    are NumPyro's.  Inside a transform (the ``pmap`` of
-    ``chain_method="parallel"``) NumPyro's own loop runs: the transform
+    are NumPyro's.  Inside a transform NumPyro's own loop runs: the transform
     compiles; so it does under ``jax.disable_jit()``, which compiles nothing.
 
     ``upper == 0`` (NumPyro's ``MCMC._compile``) compiles the loop and runs

@@ -5,7 +5,6 @@ module to adapt; PrivateMCMC's privacy (no data after a run, every iteration
 charged) depends on it.
 """
 
-import functools
 
 import jax
 import numpy as np
@@ -55,21 +54,6 @@ def test_mcmc_runs_its_chains_through_its_modules_fori_collect(monkeypatch):
     MCMC(NUTS(model), num_warmup=5, num_samples=5, progress_bar=False).run(
         jax.random.PRNGKey(0), X)
     assert calls == [(5, 10)]  # collect from the end of warm-up
-
-
-def test_parallel_chain_method_receives_a_partial_over_the_arguments():
-    seen = []
-
-    def chain_method(map_fn):  # what parallel_with_arguments is handed, mapped by vmap here
-        seen.append(map_fn)
-        return jax.vmap(map_fn)
-
-    mcmc = MCMC(NUTS(model), num_warmup=5, num_samples=5, num_chains=2,
-                chain_method=chain_method, progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X)
-    assert isinstance(seen[0], functools.partial)
-    assert {"args", "kwargs"} <= set(seen[0].keywords)
-    assert mcmc.get_samples(group_by_chain=True)["mu"].shape == (2, 5)
 
 
 def test_guard_data_refuses_to_read_outside_a_run():

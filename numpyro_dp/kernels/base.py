@@ -55,7 +55,7 @@ from numpyro_dp.primitives.rounding import (
     sum_levels,
     unit_roundoff,
 )
-from numpyro_dp.primitives.sharding import over_row_shards
+from numpyro_dp.primitives.sharding import chains_split, over_row_shards
 
 #: One noise-limited step of at least this many unit-information posterior sds
 #: lets warm-up re-estimate the mass matrix after a warm start (see
@@ -754,9 +754,11 @@ class DPKernel(MCMCKernel):
 
         def sample_fn(state, model_args, model_kwargs, secret, public):
             one = self._core(num_warmup, public)[1]
-            if batched:
-                one = vmap(one, in_axes=(0, None, None, None))
-            return one(state, model_args, model_kwargs, secret)
+            if not batched:
+                return one(state, model_args, model_kwargs, secret)
+            # Chains split over a mesh axis stay on their devices (chains_split).
+            one = vmap(one, in_axes=(0, None, None, None))
+            return chains_split(one(chains_split(state), model_args, model_kwargs, secret))
 
         self._sample_fn = sample_fn
         return vmap(init_one)(rng_key, init_params) if batched else init_one(rng_key, init_params)

@@ -88,8 +88,10 @@ def _plates(trace: dict) -> dict[str, tuple[int, int]]:
 
 
 def _all_finite(x: Any) -> bool:
-    x = np.asarray(x)
-    return not np.issubdtype(x.dtype, np.inexact) or bool(np.isfinite(x).all())
+    # A jax.Array may span devices of other processes: reduce it where it lies.
+    xp = jnp if isinstance(x, jax.Array) else np
+    x = xp.asarray(x)
+    return not xp.issubdtype(x.dtype, xp.inexact) or bool(xp.isfinite(x).all())
 
 
 def _nonfinite_message(what: str) -> str:

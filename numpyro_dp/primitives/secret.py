@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
+from jax.experimental import multihost_utils
 
 __all__ = [
     "ReproducibleNoiseWarning",
@@ -54,8 +55,16 @@ class ReproducibleNoiseWarning(UserWarning):
 
 
 def draw_secret() -> np.ndarray:
-    """A fresh run secret: 64 bits from the operating system's CSPRNG, as ``uint32[2]``."""
-    return np.frombuffer(os.urandom(8), dtype=np.uint32).copy()
+    """A fresh run secret: 64 bits from the operating system's CSPRNG, as ``uint32[2]``.
+
+    With several processes (``jax.distributed``) process 0 draws it and sends it
+    to the others, so that every host adds the same noise (a collective: every
+    process calls this at the same point of the program).
+    """
+    secret = np.frombuffer(os.urandom(8), dtype=np.uint32).copy()
+    if jax.process_count() > 1:
+        secret = np.asarray(multihost_utils.broadcast_one_to_all(secret), np.uint32)
+    return secret
 
 
 def _public_words(key) -> np.ndarray:

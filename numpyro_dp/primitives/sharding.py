@@ -24,6 +24,16 @@ them into blocks that straddle devices (the exact sums' stages of 32 rows, the
 gradient routes' blocks of 131072, the warm start's of 4096).  Row-wise work
 outside those sums (each row's log-likelihood, the mask) is left to the
 automatic partitioning, which keeps it on the rows' devices.
+
+Chains split over a second mesh axis (``"chain"``) are a batch whose state is
+constrained to lie split over it (:func:`chains_split`); the per-shard sums
+leave that axis to the automatic partitioning, so each device works on its own
+chains and its own block of rows, and the ``psum`` runs over ``"data"`` only.
+(A ``shard_map`` over the chains, with the row sums' ``shard_map`` nested in
+it, cannot close over the chains' values in JAX 0.10; ``vmap``'s
+``spmd_axis_name`` fails likewise.)  With several processes each process
+places its own rows on its own devices (:func:`shard_rows`); the programs are
+the same.
 """
 
 from __future__ import annotations
@@ -32,19 +42,23 @@ import contextlib
 import contextvars
 import weakref
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from numpyro_dp.model.layout import RowLayout
 
-#: Name of the mesh axis that rows are split over (jax_privacy's and the issue's).
+#: Name of the mesh axis that rows are split over (jax_privacy's).
 DATA_AXIS = "data"
+#: Name of the mesh axis that chains are split over.
+CHAIN_AXIS = "chain"
 
 
-def _auto(mesh: Mesh) -> Mesh:
+def automatic_mesh(mesh: Mesh) -> Mesh:
     """``mesh`` with every axis in JAX's automatic mode.
 
     ``jax.make_mesh`` makes *explicit* axes, under which indexing a row array
@@ -62,11 +76,29 @@ def automatic(tree):
     (same devices and layout: no copy of the data)."""
     def move(x):
         sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, NamedSharding) and sharding.mesh is not _auto(sharding.mesh):
-            return jax.device_put(x, NamedSharding(_auto(sharding.mesh), sharding.spec))
+        if isinstance(sharding, NamedSharding):
+            mesh = automatic_mesh(sharding.mesh)
+            if mesh is not sharding.mesh:
+                return jax.device_put(x, NamedSharding(mesh, sharding.spec))
         return x
 
     return jax.tree.map(move, tree)
+
+
+def check_run_mesh(mesh) -> None:
+    """Refuse a mesh that a run cannot use (the runner's ``mesh=``)."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"mesh must be a jax.sharding.Mesh, e.g. jax.make_mesh((2, 4), "
+            f"({CHAIN_AXIS!r}, {DATA_AXIS!r})); got {type(mesh).__name__}."
+        )
+    other = set(mesh.axis_names) - {CHAIN_AXIS, DATA_AXIS}
+    if other:
+        raise ValueError(
+            f"The mesh has axes {sorted(other)} that a run does not use: name the axis "
+            f"that chains are split over {CHAIN_AXIS!r} and the one that rows are split "
+            f"over {DATA_AXIS!r}, e.g. jax.make_mesh((2, 4), ({CHAIN_AXIS!r}, {DATA_AXIS!r}))."
+        )
 
 
 def _data_axis_size(mesh: Mesh, axis: str) -> int:
@@ -79,6 +111,37 @@ def _data_axis_size(mesh: Mesh, axis: str) -> int:
     return int(mesh.shape[axis])
 
 
+def _block_owners(mesh: Mesh, axis: str) -> list[int]:
+    """The process that holds each block of rows (position on ``axis``), checking
+    that each block lies in one process and each process's blocks are adjacent."""
+    size = _data_axis_size(mesh, axis)
+    devices = np.moveaxis(mesh.devices, mesh.axis_names.index(axis), 0).reshape(size, -1)
+    owners = []
+    for k in range(size):
+        processes = {d.process_index for d in devices[k]}
+        if len(processes) > 1:
+            raise ValueError(
+                f"Block {k} of the {axis!r} axis lies on devices of processes "
+                f"{sorted(processes)}; each process must hold whole blocks of rows: put "
+                f"the processes along {axis!r} (jax.make_mesh orders devices so)."
+            )
+        owners.append(processes.pop())
+    if owners != sorted(owners):
+        raise ValueError(
+            f"The processes' blocks along {axis!r} are interleaved ({owners}); each "
+            "process's devices must be adjacent on the axis (jax.make_mesh orders them so)."
+        )
+    return owners
+
+
+def _rows_per_process(local_rows: int) -> list[int]:
+    """Every process's number of rows (public, like n: only the counts are sent)."""
+    if jax.process_count() == 1:
+        return [local_rows]
+    counts = multihost_utils.process_allgather(np.asarray([local_rows], np.int64))
+    return [int(c) for c in np.ravel(counts)]
+
+
 def shard_rows(mesh: Mesh, *arrays, axis: str = DATA_AXIS):
     """Place row arrays on ``mesh``'s ``axis``, padding each device's block.
 
@@ -89,7 +152,11 @@ def shard_rows(mesh: Mesh, *arrays, axis: str = DATA_AXIS):
         replicated over any other axis).
     *arrays : array_like
         The model's row arrays (covariates, outcomes, group indices, ...), all
-        with the same number ``n`` of rows on their leading axis.
+        with the same number of rows on their leading axis.  With several
+        processes (``jax.distributed.initialize``) each process passes only its
+        own rows, which go to its devices: ``n`` is the total over the
+        processes (their row counts are exchanged, nothing else), and the rows
+        are numbered process by process.
     axis : str
         The mesh axis for rows.
 
@@ -101,7 +168,9 @@ def shard_rows(mesh: Mesh, *arrays, axis: str = DATA_AXIS):
         ``NamedSharding(mesh, P(axis))``, and the :class:`RowLayout` to pass to
         ``PrivateMCMC.run(..., row_layout=layout)``.  The ``n`` real rows are
         split as evenly as the devices allow (block ``k`` gets ``n // D`` rows,
-        one more for the first ``n % D``), each block followed by its padding.
+        one more for the first ``n % D``; with several processes, each
+        process's rows over its own devices), each block followed by its
+        padding.
         The padding is zeros, never copies of real rows, and the kernels give it
         weight 0 and leave it out of ``n``.
 
@@ -122,20 +191,31 @@ def shard_rows(mesh: Mesh, *arrays, axis: str = DATA_AXIS):
             "the per-row arrays; public arguments (hyperparameters, a number of groups) stay "
             "as they are."
         )
-    n = lengths.pop()
-    devices = _data_axis_size(mesh, axis)
-    if n < devices:
-        raise ValueError(f"{n} rows cannot be split over {devices} devices: use fewer devices.")
-    counts = tuple(n // devices + (k < n % devices) for k in range(devices))
-    layout = RowLayout(counts, max(counts))
-    sharding = NamedSharding(_auto(mesh), P(axis))
-    starts = np.concatenate([[0], np.cumsum(counts)])
+    mesh = automatic_mesh(mesh)
+    owners = _block_owners(mesh, axis)
+    local = [k for k, p in enumerate(owners) if p == jax.process_index()]
+    counts_of = _rows_per_process(lengths.pop())
+    counts = [0] * len(owners)
+    for p, n_p in enumerate(counts_of):  # each process's rows, split evenly over its blocks
+        blocks = [k for k, q in enumerate(owners) if q == p]
+        for j, k in enumerate(blocks):
+            counts[k] = n_p // len(blocks) + (j < n_p % len(blocks))
+    if min(counts) < 1:
+        raise ValueError(
+            f"{sum(counts_of)} rows cannot be split over {len(owners)} devices so that each "
+            f"holds at least one (rows per process: {counts_of}); use fewer devices."
+        )
+    layout = RowLayout(tuple(counts), max(counts))
+    # This process's blocks, laid out as the global layout lays them out.
+    mine = RowLayout(tuple(counts[k] for k in local), layout.block_size)
+    where = np.asarray(mine.positions(np.arange(mine.num_rows)))
+    sharding = NamedSharding(mesh, P(axis))
     placed = []
     for x in arrays:
-        padded = np.zeros((layout.padded_rows,) + x.shape[1:], x.dtype)
-        for k, c in enumerate(counts):
-            padded[k * layout.block_size: k * layout.block_size + c] = x[starts[k]: starts[k + 1]]
-        placed.append(jax.device_put(padded, sharding))
+        padded = np.zeros((mine.padded_rows,) + x.shape[1:], x.dtype)
+        padded[where] = x
+        placed.append(jax.make_array_from_process_local_data(
+            sharding, padded, (layout.padded_rows,) + x.shape[1:]))
     if layout.is_padded:
         for x in placed:
             _PADDED[id(x)] = weakref.ref(x)
@@ -163,9 +243,19 @@ def check_layout_given(rows, row_layout: RowLayout | None) -> None:
 
 
 # ------------------------------------------------------- sums where rows live
-#: (mesh, axis) of the run being traced: set by the runner, read by over_row_shards.
-_MESH: contextvars.ContextVar[tuple[Mesh, str] | None] = contextvars.ContextVar(
-    "numpyro_dp_row_mesh", default=None)
+class RunMesh(NamedTuple):
+    """Where a run's work lies: the mesh, the axis its rows are split over and the
+    axis its chains are split over (either may be None)."""
+
+    mesh: Mesh
+    rows: str | None = None
+    chains: str | None = None
+
+
+#: The mesh of the run being traced: set by the runner, read by over_row_shards
+#: and the kernels' chain batching.
+_MESH: contextvars.ContextVar[RunMesh | None] = contextvars.ContextVar(
+    "numpyro_dp_run_mesh", default=None)
 #: The mesh axis inside a per-shard body: the rounding adds its integers over it.
 _AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "numpyro_dp_row_axis", default=None)
@@ -190,18 +280,34 @@ def rows_mesh(rows) -> tuple[Mesh, str] | None:
 
 
 @contextlib.contextmanager
-def rows_on(mesh_axis: tuple[Mesh, str] | None) -> Iterator[None]:
-    """Trace the programs of this block with full-data sums per shard of ``mesh_axis``."""
-    token = _MESH.set(mesh_axis)
+def mesh_on(run_mesh: RunMesh | None) -> Iterator[None]:
+    """Trace the programs of this block with ``run_mesh``'s rows and chains split."""
+    token = _MESH.set(run_mesh)
     try:
         yield
     finally:
         _MESH.reset(token)
 
 
+def chains_split(tree):
+    """``tree`` (a batch of chains on the leading axis) constrained to lie split over
+    the run's chain axis; unchanged when the chains are not split.
+
+    Constraints on the chains' state, not a ``shard_map`` over them: the per-shard
+    sums over rows inside (:func:`over_row_shards`) leave the chain axis to the
+    automatic partitioning, which keeps each device's chains on it.
+    """
+    run_mesh = _MESH.get()
+    if run_mesh is None or run_mesh.chains is None:
+        return tree
+    sharding = NamedSharding(run_mesh.mesh, P(run_mesh.chains))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+
+
 def rows_sharded() -> bool:
     """Whether the program being traced has its rows on a mesh (and is not per shard yet)."""
-    return _MESH.get() is not None and _AXIS.get() is None
+    run_mesh = _MESH.get()
+    return run_mesh is not None and run_mesh.rows is not None and _AXIS.get() is None
 
 
 def row_axis() -> str | None:
@@ -229,7 +335,7 @@ def over_row_shards(fn: Callable, rows: tuple, out_rows: bool = False):
     """
     if not rows_sharded():
         return fn(rows)
-    mesh, axis = _MESH.get()
+    mesh, axis = _MESH.get()[:2]
 
     def body(block):
         token = _AXIS.set(axis)
@@ -243,5 +349,5 @@ def over_row_shards(fn: Callable, rows: tuple, out_rows: bool = False):
     # summed over the devices (the transpose of broadcasting theta to them),
     # adding row i of one device's block to row i of every other's.  Here every
     # value is per-row, local, until the rounding's explicit psum.
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis),),
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(axis),), axis_names={axis},
                          out_specs=P(axis) if out_rows else P(), check_vma=False)(tuple(rows))

@@ -1,8 +1,11 @@
 """Running a kernel under PrivateMCMC as the statistical tests do."""
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import jax
@@ -53,16 +56,52 @@ def armed_init(kernel, rng_key, *args, init_params=None, num_warmup=0, **kwargs)
         return kernel.init(rng_key, num_warmup, init_params, (inputs,), {})
 
 
-def run_on_devices(script: str, devices: int, timeout: int = 900) -> str:
-    """Run ``script`` in a fresh interpreter on ``devices`` simulated CPU devices.
+def run_on_devices(script: str, devices: int, timeout: int = 900,
+                   processes: int = 1) -> str | list[str]:
+    """Run ``script`` in fresh interpreters on ``devices`` simulated CPU devices each.
 
     ``script`` is formatted with ``tests`` (the tests directory, for imports
-    of ``_support``); a failure shows the ends of its output.  Returns stdout.
+    of ``_support``); a failure shows the ends of its output.  With
+    ``processes > 1`` it runs as that many processes of one JAX program on
+    localhost and is formatted with ``port`` (the coordinator's) and ``pid``
+    too; they are killed if one fails or all outlive ``timeout`` (a process
+    whose peer died waits forever).  Returns each process's stdout (a single
+    string for one process).
     """
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "PYTHONWARNINGS": "ignore"}
-    script = script.format(tests=str(Path(__file__).parents[1]))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=timeout)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    return out.stdout
+    tests = str(Path(__file__).parents[1])
+    if processes == 1:
+        out = subprocess.run([sys.executable, "-c", script.format(tests=tests)], env=env,
+                             capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        return out.stdout
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as logs:
+        files = [(open(Path(logs) / f"{p}.out", "w+"), open(Path(logs) / f"{p}.err", "w+"))
+                 for p in range(processes)]
+        procs = [subprocess.Popen(
+            [sys.executable, "-c", script.format(tests=tests, port=port, pid=p)],
+            env=env, stdout=out, stderr=err, text=True) for p, (out, err) in enumerate(files)]
+        deadline = time.monotonic() + timeout
+        try:
+            while any(p.poll() is None for p in procs):
+                failed = any(p.poll() not in (None, 0) for p in procs)
+                if failed or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        outputs = []
+        for p, (out, err) in zip(procs, files, strict=True):
+            out.seek(0), err.seek(0)
+            text, errors = out.read(), err.read()
+            out.close(), err.close()
+            assert p.returncode == 0, f"process {len(outputs)}: " + text[-2000:] + errors[-3000:]
+            outputs.append(text)
+    return outputs
