@@ -202,17 +202,18 @@ MESH_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _on_8_devices(script: str, names: list, timeout: int) -> None:
+    assert "done" in run_on_devices(script.replace("{names!r}", repr(names)), 8, timeout)
+
+
 def test_sharded_rows_give_one_devices_draws():
     """Three kernels (full data, both gradient routes, minibatches) and the tuning."""
-    script = MESH_SCRIPT.replace("{names!r}", repr(["DPPenalty", "DPHMC", "DPSGLD",
-                                                     "DPHMC-tuned"]))
-    assert "done" in run_on_devices(script, 8, timeout=900)
+    _on_8_devices(MESH_SCRIPT, ["DPPenalty", "DPHMC", "DPSGLD", "DPHMC-tuned"], 900)
 
 
 @pytest.mark.slow  # make test-all: every kernel, three meshes each
 def test_sharded_rows_give_one_devices_draws_for_every_kernel():
-    script = MESH_SCRIPT.replace("{names!r}", repr(list(KERNELS)))
-    assert "done" in run_on_devices(script, 8, timeout=1500)
+    _on_8_devices(MESH_SCRIPT, list(KERNELS), 1500)
 
 
 MESH_2D_SCRIPT = textwrap.dedent("""
@@ -220,7 +221,6 @@ MESH_2D_SCRIPT = textwrap.dedent("""
     warnings.filterwarnings("ignore")
     sys.path.insert(0, {tests!r})
     import jax, numpy as np
-    from jax.sharding import PartitionSpec as P
     import numpyro_dp as ndp
     from numpyro_dp.primitives import compiled
     from test_sharding import KERNELS, _draws
@@ -275,14 +275,12 @@ MESH_2D_SCRIPT = textwrap.dedent("""
 
 
 def test_chains_and_rows_split_over_a_2d_mesh():
-    script = MESH_2D_SCRIPT.replace("{names!r}", repr(["DPHMC", "DPSGLD"]))
-    assert "done" in run_on_devices(script, 8, timeout=900)
+    _on_8_devices(MESH_2D_SCRIPT, ["DPHMC", "DPSGLD"], 900)
 
 
 @pytest.mark.slow  # make test-all: every kernel
 def test_chains_and_rows_split_over_a_2d_mesh_for_every_kernel():
-    script = MESH_2D_SCRIPT.replace("{names!r}", repr(list(KERNELS)))
-    assert "done" in run_on_devices(script, 8, timeout=2400)
+    _on_8_devices(MESH_2D_SCRIPT, list(KERNELS), 2400)
 
 
 PROCESS_SCRIPT = textwrap.dedent("""
