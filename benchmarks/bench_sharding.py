@@ -102,7 +102,8 @@ def _worker(args) -> dict:
               adapt_step_size=False, adapt_mass_matrix=False)
     benches["numpyro_hmc"] = (looped(hmc.sample), hmc.init(random.PRNGKey(1), 0, start, margs,
                                                             mkwargs))
-    with mesh_on(RunMesh(*rows_mesh((Xs, ys)))):  # as PrivateMCMC.run traces its programs
+    placed = rows_mesh((Xs, ys))  # None on one device
+    with mesh_on(placed and RunMesh(*placed)):  # as PrivateMCMC.run traces its programs
         init_h, sample_h = dp_hmc(pm, 0, num_steps=L, grad_clip=3.0, llr_clip=3.0,
                                   noise_multiplier_grad=2.0, noise_multiplier_llr=2.0,
                                   sensitivity_factor=2.0, adapt_step_size=False,
