@@ -275,7 +275,7 @@ MESH_2D_SCRIPT = textwrap.dedent("""
 
 
 def test_chains_and_rows_split_over_a_2d_mesh():
-    _on_8_devices(MESH_2D_SCRIPT, ["DPHMC", "DPSGLD"], 900)
+    _on_8_devices(MESH_2D_SCRIPT, ["DPHMC"], 900)
 
 
 @pytest.mark.slow  # make test-all: every kernel
@@ -339,7 +339,7 @@ def _two_processes_give_one_processes_draws(names):
 def test_two_processes_give_one_processes_draws():
     """Two hosts on localhost (2 CPU devices each), each loading only its rows (401 and
     400): the draws of one process on one device, bit for bit, and the same charge."""
-    _two_processes_give_one_processes_draws(["DPHMC", "DPSGLD"])
+    _two_processes_give_one_processes_draws(["DPHMC"])
 
 
 @pytest.mark.slow  # make test-all: every kernel
