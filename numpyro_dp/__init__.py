@@ -14,8 +14,8 @@ The package in layers (each imports only from the ones above it):
   :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
   :mod:`~numpyro_dp.numpyro_compat` (the only module that touches NumPyro's
   internals);
-* :mod:`~numpyro_dp.releases`: one-shot releases of statistics and inference
-  from them (``mechanisms``, ``linreg``);
+* :mod:`~numpyro_dp.releases`: one-shot releases of statistics, which one to
+  release, and inference from them (``mechanisms``, ``fisher``, ``linreg``);
 * :mod:`~numpyro_dp.evaluation`: reference models and sample-quality metrics;
   :mod:`~numpyro_dp.audit`: empirical lower bounds on the epsilon a kernel or a
   release delivers.
@@ -61,7 +61,7 @@ from numpyro_dp.model import ModelSpecificationError, PrivateModel, RowLayout
 from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
-from numpyro_dp.releases import linreg, mechanisms
+from numpyro_dp.releases import fisher, linreg, mechanisms
 from numpyro_dp.tuning import TuningResult
 
 __version__ = "0.1.0"
@@ -104,6 +104,7 @@ __all__ = [
     "calibrate_noise_multiplier",
     "diagnostics",
     "epsilon_spent",
+    "fisher",
     "linreg",
     "max_iterations",
     "mechanisms",

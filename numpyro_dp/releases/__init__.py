@@ -2,6 +2,8 @@
 
 * :mod:`~numpyro_dp.releases.mechanisms`: one-shot Gaussian, Laplace and
   randomized-response releases, charged to a ledger;
+* :mod:`~numpyro_dp.releases.fisher`: which statistic to release, by the
+  Fisher information of its noisy release (``ndp.fisher.rank_statistics``);
 * :mod:`~numpyro_dp.releases.linreg`: Bayesian linear regression from
   privately released sufficient statistics (``ndp.linreg``).
 """

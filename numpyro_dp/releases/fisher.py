@@ -1,0 +1,332 @@
+"""Which statistic to release: the Fisher information of a noisy release (paper 002, ch. 4).
+
+Before spending a budget on one release of ``S = sum_i s(x_i)``, compare the
+candidate statistics ``s`` by how much the *noisy* release tells about the
+parameters: its Fisher information ``F(theta)``.  The best statistic without
+noise (a sufficient one, say ``x^2`` for a normal variance) is often not the
+best with it: a statistic of large range needs large noise (Alparslan 2023,
+Examples 3-5; ``|x|`` beats ``x^2`` for the variance of N(0, theta) at
+epsilon = 1 when x lies in (-10, 10)).
+
+Everything here is public: it uses the model's moments of ``s`` at a guessed
+``theta`` (or at draws of it from an earlier release, ch. 6.5), never data.
+
+The sum is approximated by the central limit theorem, ``S ~ N(n mu_s(theta),
+n Sigma_s(theta))``, ``mu_s`` and ``Sigma_s`` the mean and covariance of one
+row's ``s(x)`` (:class:`Statistic`), and the release adds
+
+* Gaussian noise ``N(0, sigma^2 I)``: the release is Gaussian and ``F`` is in
+  closed form (:func:`gaussian_release_fisher`, section 4.2.1);
+* Laplace noise of scale ``b`` (a scalar statistic): the release's density is
+  the normal-Laplace convolution, in closed form, and ``F`` is its score's
+  second moment by quadrature (:func:`laplace_release_fisher`, section 4.2.2;
+  exact where the thesis's Algorithm 6 estimates it by importance sampling).
+
+The thesis writes the release as the *mean* of ``s``; the sum with ``n`` times
+the noise scale carries the same information.  Its Example 6's ``F_2`` and
+``F_3`` (eqs. after 4.11) lack the 1/2 of the variance term, which
+:func:`gaussian_release_fisher` has.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import log_ndtr
+
+from numpyro_dp.accounting import check_budget
+from numpyro_dp.releases.mechanisms import check_bound, gaussian_sigma
+
+__all__ = [
+    "Ranking",
+    "Statistic",
+    "gaussian_release_fisher",
+    "laplace_release_fisher",
+    "rank_statistics",
+]
+
+#: Points of the quadrature over the release in :func:`laplace_release_fisher`.
+QUADRATURE_POINTS = 8001
+#: The quadrature covers the release's mean +- this many of its sds.
+QUADRATURE_SDS = 14.0
+
+
+class Statistic(NamedTuple):
+    """A candidate additive statistic ``S = sum_i s(x_i)`` under a model.
+
+    Attributes
+    ----------
+    name : str
+        How the ranking names it (``"|x|"``, ``"x^2"``).
+    mean : callable
+        ``theta -> E_theta[s(X)]``, shape ``(d_s,)`` or scalar; differentiable
+        by JAX (closed form, or an average over draws with fixed random numbers).
+    cov : callable
+        ``theta -> Var_theta[s(X)]``, shape ``(d_s, d_s)`` or scalar.
+    sensitivity : float
+        The sensitivity of the sum under your neighbourhood: l2 for Gaussian
+        noise, l1 for Laplace (for ``s`` in ``[0, A]``: ``A`` add/remove, as
+        :func:`~numpyro_dp.releases.mechanisms.sum_sensitivity` gives).  The
+        noise each candidate needs grows with it.
+    """
+
+    name: str
+    mean: Callable
+    cov: Callable
+    sensitivity: float
+
+
+def _moments(stat: Statistic, theta, num_rows: int):
+    """Mean and covariance of the sum ``S`` (CLT), as vector and matrix."""
+    mean = jnp.atleast_1d(stat.mean(theta)) * num_rows
+    cov = jnp.atleast_2d(stat.cov(theta)) * num_rows
+    return mean, cov
+
+
+def _as_matrix(fisher) -> np.ndarray:
+    return np.atleast_2d(np.asarray(fisher, np.float64))
+
+
+def _in_float64(fn: Callable) -> Callable:
+    """``fn`` computed in float64 whatever JAX's setting: a public computation,
+    where float32 would cost the quadrature and the small noise terms digits."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.enable_x64(True):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_in_float64
+def gaussian_release_fisher(stat: Statistic, theta, num_rows: int, noise_sd: float) -> np.ndarray:
+    """Fisher information about ``theta`` of ``S + N(0, noise_sd^2 I)`` (section 4.2.1).
+
+    With ``S ~ N(m(theta), V(theta))`` by the CLT, the release is
+    ``N(m, H)``, ``H = V + noise_sd^2 I``, and
+
+        F_ij = dm/dtheta_i^T H^-1 dm/dtheta_j + tr(H^-1 dH_i H^-1 dH_j) / 2.
+
+    Parameters
+    ----------
+    stat : Statistic
+    theta : array_like
+        The parameter value (scalar or vector) at which to evaluate.
+    num_rows : int
+        ``n``, public.
+    noise_sd : float
+        The standard deviation of the noise added to the sum (``sigma`` of the
+        Gaussian mechanism; :func:`rank_statistics` calibrates it).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(p, p)`` for a ``p``-dimensional ``theta`` (``(1, 1)`` for a scalar).
+    """
+    theta = jnp.asarray(theta, jnp.result_type(float))
+    if noise_sd < 0 or not np.isfinite(noise_sd):
+        raise ValueError(f"noise_sd={noise_sd} must be finite and >= 0.")
+
+    def release_moments(t):
+        mean, cov = _moments(stat, t, num_rows)
+        return mean, cov + noise_sd**2 * jnp.eye(mean.shape[0], dtype=cov.dtype)
+
+    flat = jnp.atleast_1d(theta)
+    unflat = (lambda t: t[0]) if theta.ndim == 0 else (lambda t: t)
+    mean, H = release_moments(theta)
+    dm, dH = jax.jacfwd(lambda t: release_moments(unflat(t)))(flat)  # (k, p), (k, k, p)
+    Hinv = jnp.linalg.inv(H)
+    mean_term = dm.T @ Hinv @ dm
+    A = jnp.einsum("kl,lmp->kmp", Hinv, dH)  # H^-1 dH_p
+    cov_term = 0.5 * jnp.einsum("klp,lkq->pq", A, A)
+    return _as_matrix(mean_term + cov_term)
+
+
+#: Above this, exp(z^2/2) Phi(-z) comes from its continued fraction.
+_MILLS_SWITCH = 8.0
+#: Terms of the continued fraction (converged to float64 for z >= 8).
+_MILLS_TERMS = 60
+
+
+def _log_mills(z):
+    """``log(exp(z^2 / 2) Phi(-z))``, stable for large ``|z|``.
+
+    Below 8, ``z^2/2 + log_ndtr(-z)`` loses no more than 1e-14.  Above, that
+    sum cancels, and its gradient with it (JAX's ``log_ndtr`` gradient is off
+    by 1e-7 relative at z = 5e4, an error the small Laplace scales of large
+    releases multiply; its ``erfcx`` returns 0 near 26.6), so the Mills ratio
+    ``Phi(-z) / phi(z) = 1/(z + 1/(z + 2/(z + 3/(z + ...))))`` is used.
+    """
+    low = z < _MILLS_SWITCH
+    # Each branch sees only its own side (a `where`: no NaN from the other one).
+    zl = jnp.where(low, z, 0.0)
+    direct = 0.5 * zl**2 + log_ndtr(-zl)
+    zh = jnp.where(low, _MILLS_SWITCH, z)
+    tail = zh
+    for k in range(_MILLS_TERMS, 0, -1):
+        tail = zh + k / tail
+    fraction = -jnp.log(tail) - 0.5 * jnp.log(2 * jnp.pi)
+    return jnp.where(low, direct, fraction)
+
+
+def _normal_laplace_logpdf(y, mean, var, scale):
+    """log density of ``N(mean, var) + Laplace(0, scale)`` at ``y`` (closed form).
+
+    ``p(y) = N(y; m, v) sqrt(2 pi v) [M(z_-) + M(z_+)] / 2b``, ``M(z) = exp(z^2/2)
+    Phi(-z)``, ``z_-+ = (v/b -+ (y - m)) / sqrt v`` (the noise below and above y).
+    """
+    sd = jnp.sqrt(var)
+    below = _log_mills((var / scale - (y - mean)) / sd)
+    above = _log_mills((var / scale + (y - mean)) / sd)
+    return (-0.5 * (y - mean) ** 2 / var + jnp.logaddexp(below, above)
+            - jnp.log(2 * scale))
+
+
+@_in_float64
+def laplace_release_fisher(stat: Statistic, theta, num_rows: int, noise_scale: float,
+                           num_points: int = QUADRATURE_POINTS) -> np.ndarray:
+    """Fisher information about ``theta`` of ``S + Laplace(0, noise_scale)`` (section 4.2.2).
+
+    A scalar statistic: ``S ~ N(m(theta), v(theta))`` by the CLT, so the
+    release has the normal-Laplace density in closed form; its score (by
+    automatic differentiation) is squared and integrated over the release on
+    a grid of ``num_points`` points spanning its mean +- 14 sds.  The thesis
+    estimates the same integral by importance sampling (Algorithm 6).
+
+    Parameters
+    ----------
+    stat : Statistic
+        A scalar statistic.
+    theta, num_rows :
+        As in :func:`gaussian_release_fisher`.
+    noise_scale : float
+        The Laplace scale ``b`` of the noise on the sum (``sensitivity /
+        epsilon`` for epsilon-DP).
+    num_points : int
+        Quadrature points.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(p, p)``.
+    """
+    check_bound("noise_scale", noise_scale)
+    theta = jnp.asarray(theta, jnp.result_type(float))
+    mean, var = (x.squeeze() for x in _moments(stat, theta, num_rows))
+    if jnp.ndim(stat.mean(theta)) > 0 and jnp.size(stat.mean(theta)) > 1:
+        raise ValueError(
+            f"laplace_release_fisher needs a scalar statistic; {stat.name!r} has "
+            f"{jnp.size(stat.mean(theta))} coordinates."
+        )
+    flat = jnp.atleast_1d(theta)
+    unflat = (lambda t: t[0]) if theta.ndim == 0 else (lambda t: t)
+    half_width = QUADRATURE_SDS * jnp.sqrt(var + 2 * noise_scale**2)
+    y = jnp.linspace(mean - half_width, mean + half_width, num_points)
+
+    def logpdf(t, y):
+        m, v = (x.squeeze() for x in _moments(stat, unflat(t), num_rows))
+        return _normal_laplace_logpdf(y, m, v, noise_scale)
+
+    score = jax.vmap(jax.grad(logpdf), (None, 0))(flat, y)  # (num_points, p)
+    density = jnp.exp(jax.vmap(logpdf, (None, 0))(flat, y))
+    integrand = density[:, None, None] * score[:, :, None] * score[:, None, :]
+    return _as_matrix(jnp.trapezoid(integrand, y, axis=0))
+
+
+class Ranking(NamedTuple):
+    """One candidate's standing in :func:`rank_statistics` (best first).
+
+    Attributes
+    ----------
+    name : str
+    fisher : numpy.ndarray
+        ``F(theta)``, ``(p, p)``; averaged over the draws when several are given.
+    criterion : float
+        ``tr(F^-1)`` averaged over the draws of ``theta``: the asymptotic
+        posterior variance the release leaves (lower is better).
+    noise : float
+        The noise the budget requires for this candidate (Gaussian sd or
+        Laplace scale on the sum).
+    """
+
+    name: str
+    fisher: np.ndarray
+    criterion: float
+    noise: float
+
+
+def _criterion(fisher: np.ndarray) -> float:
+    """``tr(F^-1)``; inf where the release cannot identify every parameter."""
+    if np.linalg.matrix_rank(fisher) < fisher.shape[0]:
+        return float("inf")
+    return float(np.trace(np.linalg.inv(fisher)))
+
+
+def rank_statistics(
+    candidates: Sequence[Statistic],
+    theta=None,
+    num_rows: int | None = None,
+    *,
+    epsilon: float,
+    delta: float | None = None,
+    noise: str = "gaussian",
+    theta_draws=None,
+) -> list[Ranking]:
+    """Rank candidate statistics by the information their release would give.
+
+    Each candidate's noise is calibrated to the same budget from its own
+    sensitivity (the Gaussian mechanism's analytic calibration, as
+    :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism` releases it, or
+    ``b = sensitivity / epsilon`` for Laplace), then its Fisher information is
+    computed and the candidates are sorted by ``tr(F^-1)``, the variance an
+    efficient estimate from the release would have (for a scalar ``theta``:
+    largest ``F`` first).
+
+    Parameters
+    ----------
+    candidates : sequence of Statistic
+    theta : array_like, optional
+        A guess of the parameter (scalar or vector): public, never computed
+        from the rows to be released.
+    num_rows : int
+        ``n`` of the release, public.
+    epsilon, delta : float
+        The budget of the one release.  ``delta`` is required for Gaussian noise.
+    noise : {"gaussian", "laplace"}
+    theta_draws : array_like, optional
+        Instead of ``theta``: draws of it on the leading axis, e.g. from the
+        posterior of an earlier release on *other* rows (the thesis's section
+        6.5); the criterion is averaged over them.
+
+    Returns
+    -------
+    list of Ranking
+        Best first.
+    """
+    check_budget(epsilon, delta)
+    if noise not in ("gaussian", "laplace"):
+        raise ValueError(f"noise={noise!r}: use 'gaussian' or 'laplace'.")
+    if not candidates:
+        raise ValueError("rank_statistics needs at least one candidate Statistic.")
+    if (theta is None) == (theta_draws is None):
+        raise ValueError("Pass either theta (one guess) or theta_draws (draws of it).")
+    if not (isinstance(num_rows, (int, np.integer)) and num_rows >= 1):
+        raise ValueError(f"num_rows={num_rows!r} must be the public number of rows, >= 1.")
+    draws = [theta] if theta_draws is None else list(np.asarray(theta_draws, np.float64))
+    rankings = []
+    for stat in candidates:
+        if noise == "gaussian":
+            scale = gaussian_sigma(epsilon, delta, stat.sensitivity)
+            fishers = [gaussian_release_fisher(stat, t, num_rows, scale) for t in draws]
+        else:
+            scale = check_bound("sensitivity", stat.sensitivity) / epsilon
+            fishers = [laplace_release_fisher(stat, t, num_rows, scale) for t in draws]
+        criterion = float(np.mean([_criterion(f) for f in fishers]))
+        rankings.append(Ranking(stat.name, np.mean(fishers, axis=0), criterion, scale))
+    return sorted(rankings, key=lambda r: r.criterion)
