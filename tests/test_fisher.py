@@ -17,6 +17,7 @@ from numpyro_dp.releases.fisher import (
     gaussian_release_fisher,
     laplace_release_fisher,
     rank_statistics,
+    sequential_release_fisher,
 )
 
 
@@ -187,6 +188,30 @@ def test_a_release_that_cannot_identify_every_parameter_ranks_last():
     assert [r.name for r in ranked] == ["(x, x^2)", "x"] and ranked[1].criterion == np.inf
 
 
+@pytest.mark.parametrize("b", [0.3, 3.0])
+def test_sequential_release_of_a_normal_row_is_the_normal_laplace_release(b):
+    """X ~ N(theta, 1) (truncated at +-10, which changes nothing here), s(x) = x: each
+    noisy row is normal-Laplace, whose closed form the quadrature over x must match."""
+    got = sequential_release_fisher(lambda x, t: -0.5 * (x - t) ** 2, lambda x: x, 0.3, 100,
+                                    b, (-10.0, 10.0))[0, 0]
+    one_row = Statistic("x", lambda t: t, lambda t: 1.0 + 0 * t, 1.0)
+    assert got == pytest.approx(100 * laplace_release_fisher(one_row, 0.3, 1, b)[0, 0],
+                                rel=1e-4)
+
+
+def test_sequential_release_of_the_variance_prefers_the_smaller_range():
+    """Section 6.4: rows of N(0, theta) in (-10, 10), each released with Laplace
+    noise; |x| (range 10) tells more than x^2 (range 100) at epsilon 1 and 20."""
+    def fisher(a, eps):
+        return sequential_release_fisher(
+            lambda x, t: -0.5 * x**2 / t - 0.5 * jnp.log(t), lambda x: jnp.abs(x) ** a,
+            2.0, 100, 10.0**a / eps, (-10.0, 10.0))[0, 0]
+
+    for eps in (1.0, 20.0):
+        assert fisher(1, eps) > fisher(2, eps) > 0
+    assert fisher(1, 1.0) < fisher(1, 20.0)
+
+
 def test_bad_arguments_are_refused():
     stat = abs_power(1)
     with pytest.raises(ValueError, match="either theta"):
@@ -200,3 +225,8 @@ def test_bad_arguments_are_refused():
     vector = Statistic("v", lambda t: jnp.stack([t, t]), lambda t: jnp.eye(2), 1.0)
     with pytest.raises(ValueError, match="scalar statistic"):
         laplace_release_fisher(vector, 1.0, 10, 1.0)
+    row = (lambda x, t: -0.5 * (x - t) ** 2, lambda x: x, 0.0, 10)
+    with pytest.raises(ValueError, match="too small beside the statistic's range"):
+        sequential_release_fisher(*row, 1e-4, (-10.0, 10.0))
+    with pytest.raises(ValueError, match="finite bounds"):
+        sequential_release_fisher(*row, 1.0, (-np.inf, 10.0))

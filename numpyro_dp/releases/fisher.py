@@ -20,7 +20,11 @@ row's ``s(x)`` (:class:`Statistic`), and the release adds
 * Laplace noise of scale ``b`` (a scalar statistic): the release's density is
   the normal-Laplace convolution, in closed form, and ``F`` is its score's
   second moment by quadrature (:func:`laplace_release_fisher`, section 4.2.2;
-  exact where the thesis's Algorithm 6 estimates it by importance sampling).
+  exact where the thesis's Algorithm 6 estimates it by importance sampling);
+* each row's ``s(x_i)`` released on its own with Laplace noise (local DP, the
+  sequential release of section 4.2.4): :func:`sequential_release_fisher`,
+  ``n`` times the information of one noisy row, by quadrature over the row
+  and the release (exact where Algorithm 8 estimates).
 
 The thesis writes the release as the *mean* of ``s``; the sum with ``n`` times
 the noise scale carries the same information.  Its Example 6's ``F_2`` and
@@ -48,12 +52,16 @@ __all__ = [
     "gaussian_release_fisher",
     "laplace_release_fisher",
     "rank_statistics",
+    "sequential_release_fisher",
 ]
 
 #: Points of the quadrature over the release in :func:`laplace_release_fisher`.
 QUADRATURE_POINTS = 8001
 #: The quadrature covers the release's mean +- this many of its sds.
 QUADRATURE_SDS = 14.0
+#: Largest grid of :func:`sequential_release_fisher` (points on the row and on
+#: the release; memory grows as its square).
+SEQUENTIAL_MAX_POINTS = 4001
 
 
 class Statistic(NamedTuple):
@@ -237,6 +245,80 @@ def laplace_release_fisher(stat: Statistic, theta, num_rows: int, noise_scale: f
     density = jnp.exp(jax.vmap(logpdf, (None, 0))(flat, y))
     integrand = density[:, None, None] * score[:, :, None] * score[:, None, :]
     return _as_matrix(jnp.trapezoid(integrand, y, axis=0))
+
+
+@_in_float64
+def sequential_release_fisher(row_logpdf: Callable, statistic: Callable, theta,
+                              num_rows: int, noise_scale: float, support: tuple,
+                              num_points: int = 2001) -> np.ndarray:
+    """Fisher information about ``theta`` of ``n`` releases ``s(x_i) + Laplace(0, b)``
+    (section 4.2.4, each row released on its own).
+
+    One release has density ``p(y | theta) = int p(x | theta) g_b(y - s(x)) dx``
+    (eq. 4.10); its score is differentiated through that integral, computed by
+    the trapezoid rule over ``x`` in ``support``, and its second moment is
+    integrated over ``y``.  The ``n`` releases are independent: ``n`` times it.
+
+    Parameters
+    ----------
+    row_logpdf : callable
+        ``(x, theta) -> log p(x | theta)`` of one scalar row, JAX-differentiable
+        in ``theta``.  It is renormalised over ``support`` (bounded data: a
+        model truncated to the bounds that make ``s`` bounded).
+    statistic : callable
+        ``x -> s(x)``, scalar.
+    theta : array_like
+        Scalar or vector parameter.
+    num_rows : int
+        ``n``.
+    noise_scale : float
+        The Laplace scale ``b`` of each row's release (``sensitivity /
+        epsilon``).
+    support : (float, float)
+        Finite bounds of a row.
+    num_points : int
+        Least quadrature points on ``x`` and on the release (more where the
+        noise is narrow: 8 per noise scale over the statistic's range).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(p, p)``.
+    """
+    check_bound("noise_scale", noise_scale)
+    lo, hi = (float(v) for v in support)
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise ValueError(f"support={support!r} must be finite bounds (lo, hi) with lo < hi.")
+    theta = jnp.asarray(theta, jnp.result_type(float))
+    flat = jnp.atleast_1d(theta)
+    unflat = (lambda t: t[0]) if theta.ndim == 0 else (lambda t: t)
+    # The grids must resolve the noise: 8 points per noise scale over the statistic.
+    s_coarse = jax.vmap(statistic)(jnp.linspace(lo, hi, num_points))
+    s_range = float(jnp.max(s_coarse) - jnp.min(s_coarse)) + 60 * noise_scale
+    points = max(num_points, int(np.ceil(8 * s_range / noise_scale)) + 1)
+    if points > SEQUENTIAL_MAX_POINTS:
+        raise ValueError(
+            f"noise_scale={noise_scale} is too small beside the statistic's range "
+            f"({s_range - 60 * noise_scale:.4g}) for the quadrature ({points} points, at "
+            f"most {SEQUENTIAL_MAX_POINTS}). With so little noise each release is nearly the "
+            "statistic itself: use the model's own Fisher information of s(X)."
+        )
+    x = jnp.linspace(lo, hi, points)
+    log_dx = jnp.log(jnp.full(points, (hi - lo) / (points - 1)).at[jnp.array([0, -1])]
+                     .multiply(0.5))  # trapezoid weights
+    s = jax.vmap(statistic)(x)
+    y = jnp.linspace(jnp.min(s) - 30 * noise_scale, jnp.max(s) + 30 * noise_scale, points)
+    log_noise = -jnp.abs(y[:, None] - s[None, :]) / noise_scale - jnp.log(2 * noise_scale)
+
+    def release_logpdf(t):  # log p(y | t) on the grid of y
+        log_p = jax.vmap(lambda xi: row_logpdf(xi, unflat(t)))(x) + log_dx
+        log_p = log_p - jax.scipy.special.logsumexp(log_p)  # renormalised on the support
+        return jax.scipy.special.logsumexp(log_noise + log_p[None, :], axis=1)
+
+    score = jax.jacfwd(release_logpdf)(flat)  # (num_points, p)
+    density = jnp.exp(release_logpdf(flat))
+    integrand = density[:, None, None] * score[:, :, None] * score[:, None, :]
+    return _as_matrix(num_rows * jnp.trapezoid(integrand, y, axis=0))
 
 
 class Ranking(NamedTuple):
