@@ -15,7 +15,8 @@ The package in layers (each imports only from the ones above it):
   :mod:`~numpyro_dp.numpyro_compat` (the only module that touches NumPyro's
   internals);
 * :mod:`~numpyro_dp.releases`: one-shot releases of statistics, which one to
-  release, and inference from them (``mechanisms``, ``fisher``, ``linreg``);
+  release, and inference from them (``mechanisms``, ``fisher``, ``linreg``,
+  ``PMMH``, ``MHAAR``);
 * :mod:`~numpyro_dp.evaluation`: reference models and sample-quality metrics;
   :mod:`~numpyro_dp.audit`: empirical lower bounds on the epsilon a kernel or a
   release delivers.
@@ -62,6 +63,7 @@ from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
 from numpyro_dp.releases import fisher, linreg, mechanisms
+from numpyro_dp.releases.pseudo_marginal import MHAAR, PMMH
 from numpyro_dp.tuning import TuningResult
 
 __version__ = "0.1.0"
@@ -88,9 +90,11 @@ __all__ = [
     "DPSGInfo",
     "DPSGState",
     "LedgerCorruptedError",
+    "MHAAR",
     "MixingReport",
     "MixingWarning",
     "ModelSpecificationError",
+    "PMMH",
     "AccountantWarning",
     "PrivacyBudgetError",
     "PrivacyLedger",
