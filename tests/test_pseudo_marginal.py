@@ -126,3 +126,36 @@ def test_bad_models_and_arguments_are_refused():
 
     with pytest.raises(ValueError, match="discrete"):
         run(PMMH(discrete, ["count"]), *args, num_samples=1)
+
+
+def test_a_release_is_observed_through_its_likelihood():
+    """Release.likelihood: the mechanism's noise law at the release's scale, so a model
+    observes ``release.value`` without restating the noise."""
+    import numpyro_dp as ndp
+
+    key = jax.random.PRNGKey(0)
+    laplace = ndp.mechanisms.laplace_mechanism(key, 12.0, 1.0, epsilon=0.5,
+                                               reproducible_noise=True)
+    law = laplace.likelihood(10.0)
+    assert isinstance(law.base_dist if hasattr(law, "base_dist") else law, dist.Laplace)
+    assert float(law.log_prob(laplace.value)) == pytest.approx(
+        float(stats.laplace.logpdf(laplace.value, 10.0, laplace.scale)), rel=1e-6)
+    gauss = ndp.mechanisms.gaussian_mechanism(key, np.array([3.0, 4.0]), 1.0, epsilon=1.0,
+                                              delta=1e-6, reproducible_noise=True)
+    law = gauss.likelihood(jnp.array([3.0, 4.0]))
+    assert law.event_shape == (2,)
+    assert float(law.log_prob(gauss.value)) == pytest.approx(
+        float(stats.norm.logpdf(gauss.value, [3.0, 4.0], gauss.scale).sum()), rel=1e-6)
+    gram = ndp.mechanisms.gram_mechanism(key, np.ones((5, 2)) / 2, 1.0, epsilon=1.0,
+                                         delta=1e-6, reproducible_noise=True)
+    with pytest.raises(ValueError, match="not a statistic plus independent noise"):
+        gram.likelihood(jnp.eye(2))
+
+    def model(n):  # the count example, the release observed through its likelihood
+        theta = numpyro.sample("theta", dist.Beta(1.0, 1.0))
+        count = numpyro.sample("count", dist.Binomial(n, theta))
+        numpyro.sample("y", laplace.likelihood(count), obs=laplace.value)
+
+    mcmc = run(MHAAR(model, ["count"], num_particles=8), 100, num_samples=5000)
+    check_against(mcmc.get_samples(group_by_chain=True)["theta"],
+                  *count_posterior(float(laplace.value), 100, laplace.scale))

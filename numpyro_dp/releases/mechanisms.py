@@ -53,6 +53,7 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 from jax import random
 
 from numpyro_dp.accounting import (
@@ -115,6 +116,33 @@ class Release(NamedTuple):
         charge leaves nothing released.  (Do not do both: that charges twice.)
         """
         charge(ledger, self.entry, self.neighbourhood)
+
+    def likelihood(self, statistic) -> dist.Distribution:
+        """The release's law given the true ``statistic``: observe it in a model.
+
+        ``numpyro.sample("y", release.likelihood(S), obs=release.value)`` makes
+        a NumPyro model noise-aware: ``S`` is the statistic as the model
+        computes it from latent data or parameters (for an additive statistic,
+        its central-limit normal), and NUTS (Gaussian noise) or
+        :class:`~numpyro_dp.PMMH` / :class:`~numpyro_dp.MHAAR` (Laplace noise,
+        with ``S`` a latent site) then sample the posterior given the release,
+        at no further cost.  Normal or Laplace with this release's scale,
+        independent per coordinate (the grid the release is rounded to is
+        finer than the noise by far, and ignored).
+        """
+        event = self.entry.per_iteration
+        additive = self.entry.kernel not in ("GramMechanism", "adaSSP")
+        if not additive or not isinstance(event, (dpa.GaussianDpEvent, dpa.LaplaceDpEvent)):
+            raise ValueError(
+                f"A {self.entry.kernel} release is not a statistic plus independent noise; "
+                "for X^T X (GramMechanism) and adaSSP use ndp.linreg's models, for "
+                "randomized response the flip law of each released bit."
+            )
+        family = dist.Normal if isinstance(event, dpa.GaussianDpEvent) else dist.Laplace
+        shape = np.shape(self.value)
+        law = family(statistic, self.scale)
+        law = law.expand(jnp.broadcast_shapes(law.batch_shape, shape))
+        return law.to_event(len(shape))
 
 
 def charge(ledger: PrivacyLedger, entry: LedgerEntry, neighbourhood: str) -> None:
