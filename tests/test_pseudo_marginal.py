@@ -159,3 +159,9 @@ def test_a_release_is_observed_through_its_likelihood():
     mcmc = run(MHAAR(model, ["count"], num_particles=8), 100, num_samples=5000)
     check_against(mcmc.get_samples(group_by_chain=True)["theta"],
                   *count_posterior(float(laplace.value), 100, laplace.scale))
+    # The draws are of the joint posterior (theta, count): ArviZ can replay the model.
+    import arviz as az
+
+    posterior = az.from_numpyro(mcmc).posterior
+    assert {"theta", "count"} <= set(posterior.data_vars)
+    assert np.all((posterior["count"] >= 0) & (posterior["count"] <= 100))

@@ -62,10 +62,10 @@ class PseudoMarginalState(NamedTuple):
     ----------
     i : int
     z : dict
-        Unconstrained parameters (the ``sample_field``).
-    latent : dict
-        A draw of the latent statistic: MHAAR's kept particle; PMMH's chosen by
-        weight among the accepted point's particles.
+        The ``sample_field``: the unconstrained parameters and a draw of the
+        latent statistic (MHAAR's kept particle; PMMH's chosen by weight among
+        the accepted point's particles), so that the draws are of the joint
+        posterior and ``arviz.from_numpyro`` can replay the model.
     log_likelihood : float
         PMMH: the current point's likelihood estimate ``log Z_hat`` (kept, not
         recomputed: what makes the chain exact).  MHAAR: the estimate at the
@@ -78,7 +78,6 @@ class PseudoMarginalState(NamedTuple):
 
     i: jax.Array
     z: dict
-    latent: dict
     log_likelihood: jax.Array
     accept_prob: jax.Array
     mean_accept_prob: jax.Array
@@ -124,12 +123,24 @@ class _ReleaseModel:
         self.flat0, self.unravel = ravel_pytree(z0)
 
     def constrain(self, z: dict) -> dict:
-        return {k: self.transforms[k](z[k]) for k in self.params}
+        """Constrained parameters (and the latent draw, when ``z`` holds one)."""
+        latent = {k: z[k] for k in self.latent_sites if k in z}
+        return {**{k: self.transforms[k](z[k]) for k in self.params}, **latent}
+
+    def flat(self, z: dict) -> jax.Array:
+        """The unconstrained parameters of ``z`` as one vector (what the walk moves)."""
+        return ravel_pytree({k: z[k] for k in self.params})[0]
+
+    def state_z(self, z_flat, latent: dict) -> dict:
+        return {**self.unravel(z_flat), **latent}
+
+    def latent(self, z: dict) -> dict:
+        return {k: z[k] for k in self.latent_sites}
 
     def _log_terms(self, z_flat, latent: dict, args, kwargs):
         """(log prior + log |J|, log f(latent | theta), log g(y | latent))."""
         z = self.unravel(z_flat)
-        params = self.constrain(z)
+        params = {k: self.transforms[k](z[k]) for k in self.params}
         logdet = sum(jnp.sum(self.transforms[k].log_abs_det_jacobian(z[k], params[k]))
                      for k in self.params)
         trace = handlers.trace(handlers.substitute(self.model, data={**params, **latent}))
@@ -209,7 +220,7 @@ class _PseudoMarginal(MCMCKernel):
                                                     model_kwargs)
             zero = jnp.zeros((), z_flat.dtype)
             return PseudoMarginalState(
-                jnp.zeros((), jnp.int32), split.unravel(z_flat), latent, log_likelihood,
+                jnp.zeros((), jnp.int32), split.state_z(z_flat, latent), log_likelihood,
                 zero, zero, jnp.asarray(self.step_size, z_flat.dtype), key_state)
 
         if is_prng_key(rng_key):
@@ -246,7 +257,7 @@ class _PseudoMarginal(MCMCKernel):
         n = state.i + 1
         mean = state.mean_accept_prob + (accept_prob - state.mean_accept_prob) / n
         return PseudoMarginalState(
-            n, self._split.unravel(z_flat), latent, log_likelihood, accept_prob, mean,
+            n, self._split.state_z(z_flat, latent), log_likelihood, accept_prob, mean,
             self._adapt(state, accept_prob), key)
 
     def _particles(self, key, z_flat, args, kwargs) -> dict:
@@ -295,17 +306,16 @@ class PMMH(_PseudoMarginal):
     def _step(self, state, args, kwargs):
         split = self._split
         key, key_prop, key_u, key_acc = random.split(state.rng_key, 4)
-        z_flat = ravel_pytree(state.z)[0]
+        z_flat, kept = split.flat(state.z), split.latent(state.z)
         proposal = z_flat + state.step_size * random.normal(key_prop, z_flat.shape, z_flat.dtype)
         latent_new, log_z_new = self._estimate(key_u, proposal, args, kwargs)
         log_prior_new = split._log_terms(proposal, latent_new, args, kwargs)[0]
-        log_prior_old = split._log_terms(z_flat, state.latent, args, kwargs)[0]
+        log_prior_old = split._log_terms(z_flat, kept, args, kwargs)[0]
         log_ratio = log_prior_new + log_z_new - log_prior_old - state.log_likelihood
         accept_prob = jnp.clip(jnp.exp(jnp.minimum(log_ratio, 0.0)), 0.0, 1.0)
         accept_prob = jnp.where(jnp.isnan(log_ratio), 0.0, accept_prob)
         accepted = random.uniform(key_acc) < accept_prob
-        latent = jax.tree.map(lambda new, old: jnp.where(accepted, new, old), latent_new,
-                              state.latent)
+        latent = jax.tree.map(lambda new, old: jnp.where(accepted, new, old), latent_new, kept)
         return self._finish(state, key, accept_prob, jnp.where(accepted, proposal, z_flat),
                             latent, jnp.where(accepted, log_z_new, state.log_likelihood))
 
@@ -336,11 +346,11 @@ class MHAAR(_PseudoMarginal):
     def _step(self, state, args, kwargs):
         split = self._split
         key, key_prop, key_u, key_acc, key_pick = random.split(state.rng_key, 5)
-        z_flat = ravel_pytree(state.z)[0]
+        z_flat, kept = split.flat(state.z), split.latent(state.z)
         proposal = z_flat + state.step_size * random.normal(key_prop, z_flat.shape, z_flat.dtype)
         middle = 0.5 * (z_flat + proposal)
         fresh = self._particles(key_u, middle, args, kwargs)
-        particles = jax.tree.map(lambda kept, new: new.at[0].set(kept), state.latent, fresh)
+        particles = jax.tree.map(lambda old, new: new.at[0].set(old), kept, fresh)
 
         def weights(u):
             prior_old, f_old, lik = split._log_terms(z_flat, u, args, kwargs)
