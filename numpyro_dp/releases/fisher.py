@@ -100,6 +100,11 @@ def _as_matrix(fisher) -> np.ndarray:
     return np.atleast_2d(np.asarray(fisher, np.float64))
 
 
+def _as_vector(theta):
+    """``(theta as a vector, the map back)``: the derivatives are taken in vectors."""
+    return jnp.atleast_1d(theta), (lambda t: t[0]) if jnp.ndim(theta) == 0 else (lambda t: t)
+
+
 def _in_float64(fn: Callable) -> Callable:
     """``fn`` computed in float64 whatever JAX's setting: a public computation,
     where float32 would cost the quadrature and the small noise terms digits."""
@@ -145,9 +150,8 @@ def gaussian_release_fisher(stat: Statistic, theta, num_rows: int, noise_sd: flo
         mean, cov = _moments(stat, t, num_rows)
         return mean, cov + noise_sd**2 * jnp.eye(mean.shape[0], dtype=cov.dtype)
 
-    flat = jnp.atleast_1d(theta)
-    unflat = (lambda t: t[0]) if theta.ndim == 0 else (lambda t: t)
-    mean, H = release_moments(theta)
+    flat, unflat = _as_vector(theta)
+    H = release_moments(theta)[1]
     dm, dH = jax.jacfwd(lambda t: release_moments(unflat(t)))(flat)  # (k, p), (k, k, p)
     Hinv = jnp.linalg.inv(H)
     mean_term = dm.T @ Hinv @ dm
@@ -232,8 +236,7 @@ def laplace_release_fisher(stat: Statistic, theta, num_rows: int, noise_scale: f
             f"laplace_release_fisher needs a scalar statistic; {stat.name!r} has "
             f"{jnp.size(stat.mean(theta))} coordinates."
         )
-    flat = jnp.atleast_1d(theta)
-    unflat = (lambda t: t[0]) if theta.ndim == 0 else (lambda t: t)
+    flat, unflat = _as_vector(theta)
     half_width = QUADRATURE_SDS * jnp.sqrt(var + 2 * noise_scale**2)
     y = jnp.linspace(mean - half_width, mean + half_width, num_points)
 
@@ -290,8 +293,7 @@ def sequential_release_fisher(row_logpdf: Callable, statistic: Callable, theta,
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise ValueError(f"support={support!r} must be finite bounds (lo, hi) with lo < hi.")
     theta = jnp.asarray(theta, jnp.result_type(float))
-    flat = jnp.atleast_1d(theta)
-    unflat = (lambda t: t[0]) if theta.ndim == 0 else (lambda t: t)
+    flat, unflat = _as_vector(theta)
     # The grids must resolve the noise: 8 points per noise scale over the statistic.
     s_coarse = jax.vmap(statistic)(jnp.linspace(lo, hi, num_points))
     s_range = float(jnp.max(s_coarse) - jnp.min(s_coarse)) + 60 * noise_scale
