@@ -16,7 +16,7 @@ The package in layers (each imports only from the ones above it):
   internals);
 * :mod:`~numpyro_dp.releases`: one-shot releases of statistics, which one to
   release, and inference from them (``mechanisms``, ``fisher``, ``linreg``,
-  ``PMMH``, ``MHAAR``);
+  ``MH``, ``PMMH``, ``MHAAR``);
 * :mod:`~numpyro_dp.evaluation`: reference models and sample-quality metrics;
   :mod:`~numpyro_dp.audit`: empirical lower bounds on the epsilon a kernel or a
   release delivers.
@@ -63,7 +63,7 @@ from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
 from numpyro_dp.releases import fisher, linreg, mechanisms
-from numpyro_dp.releases.pseudo_marginal import MHAAR, PMMH
+from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
 from numpyro_dp.tuning import TuningResult
 
 __version__ = "0.1.0"
@@ -90,6 +90,7 @@ __all__ = [
     "DPSGInfo",
     "DPSGState",
     "LedgerCorruptedError",
+    "MH",
     "MHAAR",
     "MixingReport",
     "MixingWarning",

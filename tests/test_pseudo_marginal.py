@@ -1,10 +1,12 @@
-"""PMMH and MHAAR on releases (paper 002, Algorithms 10 and 11) against exact posteriors.
+"""MH, PMMH and MHAAR on releases (paper 002, Algorithms 9-11 and 13) against exact posteriors.
 
 The posteriors are computed by quadrature: a Bernoulli proportion from a
-Laplace-noised count (the count's binomial law summed exactly), and the
-variance of a normal from the Laplace-noised sum of |x| under its central-limit
-law (the normal-Laplace density in closed form).  Tolerances are 4 Monte Carlo
-standard errors, from the chains' effective sample size.
+Laplace-noised count (the count's binomial law summed exactly), the variance
+of a normal from the Laplace- or Gauss-noised sum of |x| under its
+central-limit law (the normal-Laplace density in closed form), and the same
+variance from rows released one by one with Laplace noise (one integral per
+row).  Tolerances are 4 Monte Carlo standard errors, from the chains'
+effective sample size.
 """
 
 import jax
@@ -18,7 +20,7 @@ from numpyro.infer import MCMC
 from scipy import stats
 
 from numpyro_dp.releases.fisher import _normal_laplace_logpdf
-from numpyro_dp.releases.pseudo_marginal import MHAAR, PMMH
+from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
 
 
 def count_model(y, n, b):
@@ -91,6 +93,109 @@ def test_a_variance_from_a_noised_sum_of_absolute_values(kernel, particles):
                   *variance_posterior(y, 100, 5.0))
 
 
+def gaussian_release_model(y, n, sd):
+    """The same sum released with Gaussian noise: its likelihood in closed form (eq. 5.1)."""
+    theta = numpyro.sample("theta", dist.LogNormal(0.0, 1.0))
+    mean, var = n * HALF_NORMAL_MEAN * jnp.sqrt(theta), n * (1 - 2 / np.pi) * theta
+    numpyro.sample("y", dist.Normal(mean, jnp.sqrt(var + sd**2)), obs=y)
+
+
+def test_mh_samples_a_release_with_a_closed_form_likelihood():
+    """Algorithm 9 (s5.1.1): n = 100, |x| in [0, 10], Gaussian noise of sd 20."""
+    y, n, sd = 118.0, 100, 20.0
+    grid = np.linspace(0.05, 8.0, 20001)
+    log_post = (stats.norm.logpdf(y, n * HALF_NORMAL_MEAN * np.sqrt(grid),
+                                  np.sqrt(n * (1 - 2 / np.pi) * grid + sd**2))
+                + stats.lognorm.logpdf(grid, 1.0))
+    mcmc = run(MH(gaussian_release_model), y, n, sd)
+    check_against(mcmc.get_samples(group_by_chain=True)["theta"], grid,
+                  np.exp(log_post - log_post.max()))
+    assert set(mcmc.get_samples()) == {"theta"}
+
+
+def rows_model(y, b):
+    """Rows released one by one (s5.1.4): y_t = |x_t| + Laplace(b), x_t ~ N(0, theta),
+    the latent rows reparametrised (x_t = sqrt(theta) z_t) as in Algorithm 13."""
+    theta = numpyro.sample("theta", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("rows", y.shape[0]):
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+        numpyro.sample("y", dist.Laplace(jnp.abs(z) * jnp.sqrt(theta), b), obs=y)
+
+
+def rows_model_direct(y, b):
+    """The same, with the latent rows drawn at theta (their law depends on it)."""
+    theta = numpyro.sample("theta", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("rows", y.shape[0]):
+        x = numpyro.sample("x", dist.Normal(0.0, jnp.sqrt(theta)))
+        numpyro.sample("y", dist.Laplace(jnp.abs(x), b), obs=y)
+
+
+def rows_posterior(y, b):
+    grid = np.linspace(1e-3, 30.0, 6000)
+    half = np.linspace(0.0, 9.0, 3001)  # |z| for z ~ N(0, 1), by the trapezoid rule
+    weight = 2 * stats.norm.pdf(half) * np.gradient(half)
+    log_lik = sum(np.log(stats.laplace.pdf(t, np.sqrt(grid)[:, None] * half, b) @ weight)
+                  for t in y)
+    log_post = log_lik + stats.lognorm.logpdf(grid, 1.0)
+    return grid, np.exp(log_post - log_post.max())
+
+
+@pytest.mark.parametrize("kernel, model, particles", [
+    pytest.param(PMMH, rows_model, 16, marks=pytest.mark.slow), (MHAAR, rows_model, 2),
+    (MHAAR, rows_model, 16), pytest.param(MHAAR, rows_model_direct, 8, marks=pytest.mark.slow)])
+def test_rows_released_one_by_one(kernel, model, particles):
+    """n = 20 rows, each |x_t| released with epsilon = 10 (b = 1; |x| bounded by 10):
+    the particles are averaged per row (the model's plate), every row keeps its own."""
+    rng = np.random.default_rng(0)
+    y = np.abs(rng.normal(0, np.sqrt(2.0), 20)) + rng.laplace(0, 1.0, 20)
+    site = "z" if model is rows_model else "x"
+    mcmc = run(kernel(model, [site], num_particles=particles), jnp.asarray(y), 1.0)
+    check_against(mcmc.get_samples(group_by_chain=True)["theta"], *rows_posterior(y, 1.0))
+    assert mcmc.get_samples()[site].shape == (40_000, 20)  # a draw of every latent row
+
+
+def init(kernel, *args):
+    return kernel.init(jax.random.PRNGKey(0), 10, None, args, {})
+
+
+def test_the_row_plate_is_found_or_named():
+    y = jnp.ones(5)
+    kernel = MHAAR(rows_model, ["z"], num_particles=4)
+    init(kernel, y, 1.0)
+    assert kernel._split.rows.name == "rows" and kernel._split.rows.size == 5
+    kernel = MHAAR(rows_model, ["z"], num_particles=4, row_plate=None)
+    init(kernel, y, 1.0)
+    assert kernel._split.rows is None
+    with pytest.raises(ValueError, match="does not hold every latent and observed"):
+        init(MHAAR(rows_model, ["z"], row_plate="data"), y, 1.0)
+
+    def two_plates(y, b):
+        theta = numpyro.sample("theta", dist.LogNormal(0.0, 1.0))
+        with numpyro.plate("groups", 2, dim=-2), numpyro.plate("rows", y.shape[-1]):
+            z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+            numpyro.sample("y", dist.Laplace(jnp.abs(z) * jnp.sqrt(theta), b), obs=y)
+
+    with pytest.raises(ValueError, match="share the plates"):
+        init(MHAAR(two_plates, ["z"]), jnp.ones((2, 5)), 1.0)
+    kernel = PMMH(two_plates, ["z"], num_particles=4, row_plate="groups")
+    mcmc = run(kernel, jnp.ones((2, 5)), 1.0, num_samples=10)
+    assert kernel._split.rows.dim == -2
+    assert mcmc.get_samples()["z"].shape == (40, 2, 5)
+
+    def vector_rows(y, b):  # a latent row with an event dimension, picked whole
+        theta = numpyro.sample("theta", dist.LogNormal(0.0, 1.0))
+        with numpyro.plate("rows", y.shape[0]):
+            z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+            numpyro.sample("y", dist.Laplace(jnp.sqrt(theta) * jnp.abs(z).sum(-1), b), obs=y)
+
+    particles = {"z": jnp.arange(3 * 5 * 2.0).reshape(3, 5, 2)}
+    kernel = MHAAR(vector_rows, ["z"], num_particles=3)
+    init(kernel, jnp.ones(5), 1.0)
+    picked = kernel._split.select(particles, jnp.array([0, 2, 1, 1, 0]))
+    np.testing.assert_array_equal(picked["z"], particles["z"][jnp.array([0, 2, 1, 1, 0]),
+                                                              jnp.arange(5)])
+
+
 def test_mhaar_mixes_better_than_pmmh_at_the_same_particles():
     """The thesis's Table 6.1: MHAAR's autocorrelation is lower (a sharper release,
     epsilon = 0.5, where PMMH's estimate is noisy)."""
@@ -107,7 +212,7 @@ def test_bad_models_and_arguments_are_refused():
     args = (31.7, 100, 10.0)
     with pytest.raises(ValueError, match="not sample sites"):
         run(PMMH(count_model, ["cnt"]), *args, num_samples=1)
-    with pytest.raises(ValueError, match="Name the latent statistic"):
+    with pytest.raises(ValueError, match="Name the latent statistic.*use ndp.MH"):
         PMMH(count_model, [])
     with pytest.raises(ValueError, match="num_particles >= 2"):
         MHAAR(count_model, ["count"], num_particles=1)

@@ -4,8 +4,9 @@
   randomized-response releases, charged to a ledger;
 * :mod:`~numpyro_dp.releases.fisher`: which statistic to release, by the
   Fisher information of its noisy release (``ndp.fisher.rank_statistics``);
-* :mod:`~numpyro_dp.releases.pseudo_marginal`: exact MCMC from a release whose
-  likelihood is intractable (``ndp.PMMH``, ``ndp.MHAAR``);
+* :mod:`~numpyro_dp.releases.pseudo_marginal`: exact MCMC from a release, with
+  its likelihood in closed form (``ndp.MH``) or intractable (``ndp.PMMH``,
+  ``ndp.MHAAR``; rows released one by one are averaged per row);
 * :mod:`~numpyro_dp.releases.linreg`: Bayesian linear regression from
   privately released sufficient statistics (``ndp.linreg``).
 """

@@ -4,9 +4,12 @@ A release ``y = S + noise`` of a statistic ``S`` has the likelihood
 ``p(y | theta) = int f(u | theta) g(y | u) du``, with ``f`` the statistic's law
 under the model (its central-limit normal for an additive statistic, eq. 4.5,
 or an exact law such as a binomial count) and ``g`` the noise's density.
-Under non-Gaussian noise (Laplace) the integral has no closed form for a
-general ``f``.  Both kernels here sample the exact posterior of ``theta`` all
-the same, by estimating the integral with ``num_particles`` draws of ``u``:
+Under Gaussian noise and the central-limit ``f`` the likelihood is in closed
+form and :class:`MH`, a random-walk Metropolis (Algorithm 9, s5.1.1), samples
+the posterior.  Under non-Gaussian noise (Laplace) the integral has no closed
+form for a general ``f``.  The two kernels below sample the exact posterior of
+``theta`` all the same, by estimating the integral with ``num_particles``
+draws of ``u``:
 
 * :class:`PMMH` (Algorithm 10, Andrieu & Roberts 2009): draws ``u`` from
   ``f(. | theta')`` and keeps the current point's likelihood estimate;
@@ -15,6 +18,16 @@ the same, by estimating the integral with ``num_particles`` draws of ``u``:
   points, in the unconstrained space), keeps one ``u`` in the state and
   refreshes the estimate of both points at every step, which makes it far
   less sticky than PMMH at the same ``num_particles`` (the thesis's Table 6.1).
+
+Rows released one by one (the sequential release of s5.1.4, ``y_t = s(x_t) +
+noise``, each row its own latent ``x_t``) are written with the latent rows and
+the releases in one ``numpyro.plate``.  The plate says that, given ``theta``,
+the pairs ``(x_t, y_t)`` are independent, so both kernels average the
+particles row by row: ``p(y | theta)`` is estimated by the product over rows
+of each row's particle average, and each row keeps its own particle
+(Algorithm 13).  Averaging all rows as one particle would also be exact, but
+its weights degenerate as ``n`` grows (Algorithm 12, the right form when the
+release is one function of all rows, such as their median).
 
 The user writes an ordinary NumPyro model of the release: the parameters,
 the latent statistic (named in ``latent_sites``) and the release as an
@@ -46,7 +59,7 @@ from numpyro.distributions import biject_to
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-__all__ = ["MHAAR", "PMMH", "PseudoMarginalState"]
+__all__ = ["MH", "MHAAR", "PMMH", "PseudoMarginalState"]
 
 #: Default target acceptance rate of the step-size adaptation during warm-up.
 TARGET_ACCEPT_PROB = 0.3
@@ -86,9 +99,15 @@ class PseudoMarginalState(NamedTuple):
 
 
 class _ReleaseModel:
-    """The model split into parameters, latent statistic and release (observed sites)."""
+    """The model split into parameters, latent statistic and release (observed sites).
 
-    def __init__(self, model: Callable, latent_sites: Sequence[str], args, kwargs, key):
+    ``rows`` is the plate over which latent and observed sites pair up row by
+    row (``None``: the latent sites are one particle): its frame's ``dim``
+    indexes the rows in each site's batch shape.
+    """
+
+    def __init__(self, model: Callable, latent_sites: Sequence[str], args, kwargs, key,
+                 row_plate: str | None = "auto"):
         self.model = model
         self.latent_sites = tuple(latent_sites)
         trace = handlers.trace(handlers.seed(model, key)).get_trace(*args, **kwargs)
@@ -119,6 +138,8 @@ class _ReleaseModel:
                 )
         self.transforms = {k: biject_to(samples[k]["fn"].support) for k in self.params}
         self.observed = observed
+        self.rows = _row_frame(samples, self.latent_sites, observed, row_plate)
+        self.event_dims = {k: len(samples[k]["fn"].event_shape) for k in self.latent_sites}
         z0 = {k: self.transforms[k].inv(samples[k]["value"]) for k in self.params}
         self.flat0, self.unravel = ravel_pytree(z0)
 
@@ -138,7 +159,11 @@ class _ReleaseModel:
         return {k: z[k] for k in self.latent_sites}
 
     def _log_terms(self, z_flat, latent: dict, args, kwargs):
-        """(log prior + log |J|, log f(latent | theta), log g(y | latent))."""
+        """(log prior + log |J|, log f(latent | theta), log g(y | latent)).
+
+        The last two are per row, of shape ``(rows,)``, when the model has a row
+        plate; scalars otherwise.
+        """
         z = self.unravel(z_flat)
         params = {k: self.transforms[k](z[k]) for k in self.params}
         logdet = sum(jnp.sum(self.transforms[k].log_abs_det_jacobian(z[k], params[k]))
@@ -146,15 +171,30 @@ class _ReleaseModel:
         trace = handlers.trace(handlers.substitute(self.model, data={**params, **latent}))
         trace = trace.get_trace(*args, **kwargs)
 
-        def total(names):
+        def total(names, rows=None):
             out = 0.0
             for k in names:
                 site = trace[k]
-                lp = jnp.sum(site["fn"].log_prob(site["value"]))
+                lp = site["fn"].log_prob(site["value"])
+                lp = jnp.sum(lp) if rows is None else _sum_per_row(lp, rows, k)
                 out = out + (lp if site["scale"] is None else site["scale"] * lp)
             return out
 
-        return total(self.params) + logdet, total(self.latent_sites), total(self.observed)
+        return (total(self.params) + logdet, total(self.latent_sites, self.rows),
+                total(self.observed, self.rows))
+
+    def select(self, particles: dict, k) -> dict:
+        """The particle ``k`` of each latent site, or with a row plate row ``t``'s
+        particle ``k[t]`` (``particles`` lead with the particle axis)."""
+        if self.rows is None:
+            return jax.tree.map(lambda u: u[k], particles)
+        rows = jnp.arange(self.rows.size)
+        out = {}
+        for name, u in particles.items():
+            axis = self.rows.dim - self.event_dims[name]  # the rows, from the right
+            picked = jnp.moveaxis(u, u.ndim + axis, 1)[k, rows]
+            out[name] = jnp.moveaxis(picked, 0, picked.ndim + axis)
+        return out
 
     def draw_latent(self, z_flat, key, args, kwargs) -> dict:
         """The latent statistic drawn from its law at ``theta`` (the model's)."""
@@ -164,16 +204,61 @@ class _ReleaseModel:
         return {k: trace[k]["value"] for k in self.latent_sites}
 
 
+def _row_frame(samples: dict, latent_sites, observed, row_plate):
+    """The plate frame holding every latent and observed site (see :class:`PMMH`)."""
+    if row_plate is None or not latent_sites:
+        return None
+    frames = [{f.name: f for f in samples[k]["cond_indep_stack"]}
+              for k in (*latent_sites, *observed)]
+    shared = sorted(set.intersection(*(set(f) for f in frames)))
+    if row_plate == "auto":
+        if len(shared) > 1:
+            raise ValueError(
+                f"The latent and observed sites share the plates {shared}: name the one "
+                "over the released rows, row_plate=..., or row_plate=None to average "
+                "all rows as one particle."
+            )
+        return frames[0][shared[0]] if shared else None
+    if row_plate not in shared:
+        raise ValueError(
+            f"row_plate={row_plate!r} does not hold every latent and observed site (the "
+            f"plates they all sit in: {shared or 'none'})."
+        )
+    return frames[0][row_plate]
+
+
+def _sum_per_row(log_prob, rows, name: str) -> jax.Array:
+    """A site's log density summed over everything but the row plate: shape (rows,)."""
+    if log_prob.ndim < -rows.dim or log_prob.shape[rows.dim] != rows.size:
+        raise ValueError(
+            f"Site {name!r} has log-density shape {log_prob.shape}, without the "
+            f"{rows.size} rows of plate {rows.name!r} at dim {rows.dim}."
+        )
+    moved = jnp.moveaxis(log_prob, log_prob.ndim + rows.dim, 0)
+    return moved.reshape(rows.size, -1).sum(1)
+
+
+def _log_mean(log_w) -> jax.Array:
+    """``log`` of the particle average of ``exp(log_w)`` (axis 0), times over the rows."""
+    return jnp.sum(jax.nn.logsumexp(log_w, axis=0) - jnp.log(log_w.shape[0]))
+
+
 class _PseudoMarginal(MCMCKernel):
     """The shared part: model split, initialisation, step-size adaptation, constraints."""
 
     sample_field = "z"
+    #: Whether the kernel integrates a latent statistic out (all but MH).
+    _needs_latent = True
 
     def __init__(self, model: Callable, latent_sites: Sequence[str], num_particles: int = 16,
                  step_size: float = 0.1, adapt_step_size: bool = True,
-                 target_accept_prob: float = TARGET_ACCEPT_PROB):
-        if not latent_sites:
-            raise ValueError("Name the latent statistic's sites: latent_sites=['count'].")
+                 target_accept_prob: float = TARGET_ACCEPT_PROB,
+                 row_plate: str | None = "auto"):
+        if self._needs_latent and not latent_sites:
+            raise ValueError(
+                "Name the latent statistic's sites: latent_sites=['count'] (a model whose "
+                "release likelihood is in closed form has none: use ndp.MH)."
+            )
         if not (isinstance(num_particles, (int, np.integer)) and num_particles >= 1):
             raise ValueError(f"num_particles={num_particles!r} must be a positive integer.")
         if not step_size > 0:
@@ -186,6 +271,7 @@ class _PseudoMarginal(MCMCKernel):
         self.step_size = float(step_size)
         self.adapt_step_size = bool(adapt_step_size)
         self.target_accept_prob = float(target_accept_prob)
+        self.row_plate = row_plate
         self._split = None
         self._num_warmup = 0
 
@@ -206,7 +292,7 @@ class _PseudoMarginal(MCMCKernel):
         self._num_warmup = int(num_warmup)
         key0 = rng_key if is_prng_key(rng_key) else rng_key[0]
         self._split = _ReleaseModel(self._model, self.latent_sites, model_args, model_kwargs,
-                                    random.fold_in(key0, 1))
+                                    random.fold_in(key0, 1), self.row_plate)
         split = self._split
 
         def init_one(key, params):
@@ -266,15 +352,15 @@ class _PseudoMarginal(MCMCKernel):
 
     def _estimate(self, key, z_flat, args, kwargs):
         """``(u, log p_hat(y | theta))``: particles from the model at ``theta``, the mean
-        of their release likelihoods, and one particle drawn by its weight (with
-        ``theta``, a draw of the joint posterior)."""
+        of their release likelihoods (per row and multiplied, with a row plate),
+        and one particle drawn by its weight (per row; with ``theta``, a draw of
+        the joint posterior)."""
         key_u, key_pick = random.split(key)
         particles = self._particles(key_u, z_flat, args, kwargs)
         log_lik = jax.vmap(lambda u: self._split._log_terms(z_flat, u, args, kwargs)[2])(
             particles)
-        pick = random.categorical(key_pick, log_lik)
-        return (jax.tree.map(lambda u: u[pick], particles),
-                jax.nn.logsumexp(log_lik) - jnp.log(self.num_particles))
+        pick = random.categorical(key_pick, log_lik, axis=0)
+        return self._split.select(particles, pick), _log_mean(log_lik)
 
 
 class PMMH(_PseudoMarginal):
@@ -301,6 +387,15 @@ class PMMH(_PseudoMarginal):
         10 of ``step_size`` (a noisy estimate caps the acceptance whatever the
         step: PMMH with few particles).
     target_accept_prob : float
+    row_plate : str or None
+        The plate over the released rows, when each row is released on its own
+        (the sequential release of s5.1.4): the particles are averaged per row
+        and the estimate is the product over rows.  ``"auto"`` (default) takes
+        the one plate that holds every latent and observed site, if any (a
+        plate declares the rows independent given the parameters, which is
+        what makes the product exact); ``None`` averages all rows as one
+        particle (Algorithm 12: needed when the release is one function of all
+        rows, which the model then writes outside the plate).
     """
 
     def _step(self, state, args, kwargs):
@@ -320,6 +415,43 @@ class PMMH(_PseudoMarginal):
                             latent, jnp.where(accepted, log_z_new, state.log_likelihood))
 
 
+class MH(PMMH):
+    """Random-walk Metropolis on a release whose likelihood is in closed form (Algorithm 9).
+
+    The exact MH of paper 002 s5.1.1: an additive statistic released with
+    Gaussian noise, under its central-limit law, has the Gaussian likelihood
+    ``N(y; n mu_s(theta), n Sigma_s(theta) + sigma^2 I)`` (eq. 5.1), and the
+    model observes the release through it, with no latent site.  This is
+    :class:`PMMH` with the likelihood computed instead of estimated, so it
+    shares its random walk, warm-up adaptation and state.  NumPyro's NUTS
+    samples the same posterior; MH is the thesis's sampler and needs no
+    gradient.
+
+    >>> def model(y, n, sd):                     # doctest: +SKIP
+    ...     theta = numpyro.sample("theta", dist.LogNormal(0.0, 1.0))
+    ...     mean, var = n * 0.798 * jnp.sqrt(theta), n * 0.363 * theta   # sum of |x|
+    ...     numpyro.sample("y", dist.Normal(mean, jnp.sqrt(var + sd**2)), obs=y)
+    >>> mcmc = MCMC(ndp.MH(model), num_warmup=1000, num_samples=10000)
+
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model: parameters and the release observed under its
+        closed-form likelihood.
+    step_size, adapt_step_size, target_accept_prob
+        As in :class:`PMMH`.
+    """
+
+    _needs_latent = False
+
+    def __init__(self, model: Callable, step_size: float = 0.1, adapt_step_size: bool = True,
+                 target_accept_prob: float = TARGET_ACCEPT_PROB):
+        super().__init__(model, (), 1, step_size, adapt_step_size, target_accept_prob)
+
+    def _estimate(self, key, z_flat, args, kwargs):
+        return {}, self._split._log_terms(z_flat, {}, args, kwargs)[2]
+
+
 class MHAAR(_PseudoMarginal):
     """MH with averaged acceptance ratios, Rao-Blackwellised (paper 002, Algorithm 11).
 
@@ -330,6 +462,13 @@ class MHAAR(_PseudoMarginal):
     the ratio of the weights' sums; the next latent draw is chosen among the
     particles by the weights of the point returned.  Exact for any
     ``num_particles >= 2`` (with 1 it never refreshes the latent draw).
+
+    With a row plate (see :class:`PMMH`), the averages and the choice of the
+    kept draw are per row (Algorithm 13, the sequential release); the
+    midpoint proposal then draws every row's particles, which is Algorithm 13
+    itself when the latent rows are written reparametrised (``z ~ N(0, 1)``,
+    ``x = phi(theta, z)`` in the model, so their law does not depend on
+    ``theta``).
 
     Parameters are those of :class:`PMMH`.
     """
@@ -353,20 +492,20 @@ class MHAAR(_PseudoMarginal):
         particles = jax.tree.map(lambda old, new: new.at[0].set(old), kept, fresh)
 
         def weights(u):
-            prior_old, f_old, lik = split._log_terms(z_flat, u, args, kwargs)
-            prior_new, f_new, _ = split._log_terms(proposal, u, args, kwargs)
+            # The release's likelihood is taken at both points: it depends on theta
+            # when the model writes the latent rows reparametrised (x = phi(theta, z)).
+            prior_old, f_old, lik_old = split._log_terms(z_flat, u, args, kwargs)
+            prior_new, f_new, lik_new = split._log_terms(proposal, u, args, kwargs)
             _, f_mid, _ = split._log_terms(middle, u, args, kwargs)
-            return prior_old, prior_new, f_old + lik - f_mid, f_new + lik - f_mid
+            return prior_old, prior_new, f_old + lik_old - f_mid, f_new + lik_new - f_mid
 
         prior_old, prior_new, log_w, log_w_new = jax.vmap(weights)(particles)
-        log_ratio = (prior_new[0] + jax.nn.logsumexp(log_w_new)
-                     - prior_old[0] - jax.nn.logsumexp(log_w))
+        log_ratio = prior_new[0] + _log_mean(log_w_new) - prior_old[0] - _log_mean(log_w)
         accept_prob = jnp.clip(jnp.exp(jnp.minimum(log_ratio, 0.0)), 0.0, 1.0)
         accept_prob = jnp.where(jnp.isnan(log_ratio), 0.0, accept_prob)
         accepted = random.uniform(key_acc) < accept_prob
-        k = random.categorical(key_pick, jnp.where(accepted, log_w_new, log_w))
-        latent = jax.tree.map(lambda u: u[k], particles)
-        log_likelihood = jnp.where(accepted, jax.nn.logsumexp(log_w_new),
-                                   jax.nn.logsumexp(log_w)) - jnp.log(self.num_particles)
+        k = random.categorical(key_pick, jnp.where(accepted, log_w_new, log_w), axis=0)
+        latent = split.select(particles, k)
+        log_likelihood = jnp.where(accepted, _log_mean(log_w_new), _log_mean(log_w))
         return self._finish(state, key, accept_prob, jnp.where(accepted, proposal, z_flat),
                             latent, log_likelihood)
