@@ -62,7 +62,7 @@ from numpyro_dp.model import ModelSpecificationError, PrivateModel, RowLayout
 from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
-from numpyro_dp.releases import fisher, linreg, mechanisms
+from numpyro_dp.releases import fisher, linreg, mechanisms, smooth_sensitivity
 from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
 from numpyro_dp.tuning import TuningResult
 
@@ -117,6 +117,7 @@ __all__ = [
     "models",
     "secret",
     "shard_rows",
+    "smooth_sensitivity",
     "to_datatree",
     "to_inference_data",
 ]

@@ -4,6 +4,9 @@
   randomized-response releases, charged to a ledger;
 * :mod:`~numpyro_dp.releases.fisher`: which statistic to release, by the
   Fisher information of its noisy release (``ndp.fisher.rank_statistics``);
+* :mod:`~numpyro_dp.releases.smooth_sensitivity`: the smooth sensitivity of a
+  median or a maximum (Nissim et al. 2007), to model a release whose noise
+  is scaled to it (the functions only: no release);
 * :mod:`~numpyro_dp.releases.pseudo_marginal`: exact MCMC from a release, with
   its likelihood in closed form (``ndp.MH``) or intractable (``ndp.PMMH``,
   ``ndp.MHAAR``; rows released one by one are averaged per row);

@@ -26,6 +26,13 @@ row's ``s(x)`` (:class:`Statistic`), and the release adds
   ``n`` times the information of one noisy row, by quadrature over the row
   and the release (exact where Algorithm 8 estimates).
 
+A statistic that is not a sum (a median, a maximum released with noise scaled
+to its smooth sensitivity, s4.2.3) has no central-limit law: its release's
+information comes from the rows themselves, by Monte Carlo
+(:func:`marginal_release_fisher`, Algorithm 7: releases simulated from the
+model, the score of each by self-normalised importance sampling over the
+rows).
+
 The thesis writes the release as the *mean* of ``s``; the sum with ``n`` times
 the noise scale carries the same information.  Its Example 6's ``F_2`` and
 ``F_3`` (eqs. after 4.11) lack the 1/2 of the variance term, which
@@ -41,16 +48,19 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import random
 from jax.scipy.special import log_ndtr
 
 from numpyro_dp.accounting import check_budget
 from numpyro_dp.releases.mechanisms import check_bound, gaussian_sigma
 
 __all__ = [
+    "MarginalFisher",
     "Ranking",
     "Statistic",
     "gaussian_release_fisher",
     "laplace_release_fisher",
+    "marginal_release_fisher",
     "rank_statistics",
     "sequential_release_fisher",
 ]
@@ -414,3 +424,177 @@ def rank_statistics(
         criterion = float(np.mean([_criterion(f) for f in fishers]))
         rankings.append(Ranking(stat.name, np.mean(fishers, axis=0), criterion, scale))
     return sorted(rankings, key=lambda r: r.criterion)
+
+
+class MarginalFisher(NamedTuple):
+    """What :func:`marginal_release_fisher` returns.
+
+    Attributes
+    ----------
+    fisher : numpy.ndarray
+        ``(p, p)``: the estimate of ``F(theta)``.
+    stderr : numpy.ndarray
+        ``(p, p)``: its Monte Carlo standard error, from the spread over the
+        simulated releases.
+    ess : numpy.ndarray
+        ``(num_releases,)``: for each simulated release, the smaller of the two
+        importance-sampling effective sample sizes ``1 / sum w^2`` of its
+        particle sets.  Where it is a handful, the score of that release is
+        poorly estimated: add particles.
+    """
+
+    fisher: np.ndarray
+    stderr: np.ndarray
+    ess: np.ndarray
+
+
+#: ``(draw_latent, theta's shape) -> whether its draws move with theta`` (checked once).
+_LATENT_MOVES: dict = {}
+
+
+def _check_latent_free_of_theta(draw_latent: Callable, theta) -> None:
+    """Without ``latent_logpdf`` the latent law must not depend on ``theta``: a draw at a
+    fixed key must have derivative 0 in ``theta`` (checked at the first ``theta`` seen
+    for each sampler and shape)."""
+    cache_key = (draw_latent, tuple(jnp.shape(theta)))
+    if cache_key not in _LATENT_MOVES:
+        jacobian = jax.jacfwd(lambda t: draw_latent(random.PRNGKey(0), t))(theta)
+        _LATENT_MOVES[cache_key] = any(
+            jnp.issubdtype(leaf.dtype, jnp.inexact) and bool(jnp.any(leaf != 0))
+            for leaf in jax.tree.leaves(jacobian))
+    if _LATENT_MOVES[cache_key]:
+        raise ValueError(
+            "draw_latent(key, theta) depends on theta, so the score needs the latent "
+            "law's own score: pass latent_logpdf=(theta, latent) -> log p(latent | theta) "
+            "(the thesis's Algorithm 7, latent = the rows), or reparametrise: draw "
+            "theta-free noise z and map it to the rows inside release (x = phi(theta, z))."
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _marginal_fisher_program(draw_latent: Callable, release: Callable,
+                             latent_logpdf: Callable | None, scalar: bool, num_releases: int,
+                             num_particles: int) -> Callable:
+    """The jitted estimator for one model (compiled once per model and size)."""
+
+    def unflat(t):
+        return t[0] if scalar else t
+
+    def log_joint(t, latent, y):
+        """(log p(latent | t) + log h(y | latent, t), log h): the score's function, the weight."""
+        log_h = jnp.sum(release(unflat(t), latent).log_prob(y))
+        log_p = 0.0 if latent_logpdf is None else jnp.sum(latent_logpdf(unflat(t), latent))
+        return log_p + log_h, log_h
+
+    def score(key, flat, y):
+        """Self-normalised importance sampling of E[d log p(y, latent | theta) | y]."""
+        latents = jax.vmap(lambda k: draw_latent(k, unflat(flat)))(
+            random.split(key, num_particles))
+        (_, log_w), grads = jax.vmap(jax.value_and_grad(log_joint, has_aux=True),
+                                     (None, 0, None))(flat, latents, y)
+        grads = jnp.where(jnp.isfinite(log_w)[:, None], grads, 0.0)  # weight 0: no NaN
+        w = jax.nn.softmax(log_w)
+        return w @ grads, 1.0 / jnp.sum(w**2)
+
+    @jax.jit
+    def program(key, flat):
+        def one_release(key):
+            key_latent, key_y, key_sets = random.split(key, 3)
+            theta = unflat(flat)
+            y = release(theta, draw_latent(key_latent, theta)).sample(key_y)
+            # two independent particle sets (one traced body, vectorised over the two)
+            scores, ess = jax.vmap(score, (0, None, None))(random.split(key_sets), flat, y)
+            return scores[0], scores[1], jnp.min(ess)
+
+        # one release at a time: memory bounded by its 2 * num_particles latents, and
+        # XLA compiles a vectorised batch of releases several times slower
+        return jax.lax.map(one_release, random.split(key, num_releases))
+
+    return program
+
+
+@_in_float64
+def marginal_release_fisher(key: jax.Array, draw_latent: Callable, release: Callable, theta,
+                            *, latent_logpdf: Callable | None = None, num_releases: int = 256,
+                            num_particles: int = 512) -> MarginalFisher:
+    """Fisher information of a release from its exact marginal, by Monte Carlo (s4.2.3).
+
+    For any statistic of the rows, additive or not (a median, a maximum with
+    noise scaled to its smooth sensitivity): the release ``y`` has density
+    ``p(y | theta) = E[h(y | latent, theta)]`` over the latent rows, and
+    Fisher's identity gives its score as a posterior expectation,
+
+        d log p(y | theta) = E[d log p(latent | theta) + d log h(y | latent, theta) | y, theta],
+
+    estimated by self-normalised importance sampling with ``num_particles``
+    latent draws from the model, weighted by ``h(y | latent, theta)``
+    (Algorithm 7).  ``F(theta) = E_y[score score^T]`` averages over
+    ``num_releases`` releases simulated from the model at ``theta``.  Each
+    release's score is estimated twice, from two independent particle sets,
+    and ``F`` averages their product: the thesis's square of one estimate is
+    biased upward by that estimate's variance (about ``Var(score | y) /
+    ESS``), the product of two independent ones is not (what remains is the
+    importance sampler's own ``O(1 / num_particles)`` bias).
+
+    Two ways to write the model:
+
+    * **reparametrised** (``latent_logpdf=None``): ``draw_latent`` draws noise
+      whose law does not depend on ``theta`` (``z ~ N(0, 1)`` per row) and
+      ``release`` maps it to the rows (``x = sqrt(theta) z``); the score is
+      ``E[d log h(y | phi(theta, z)) | y]``, differentiated through the
+      rows (``h`` must be differentiable almost everywhere, as a Laplace
+      density of a sorted statistic is).  Checked: a ``draw_latent`` that
+      moves with ``theta`` is refused;
+    * **the thesis's** (``latent_logpdf`` given): ``draw_latent`` draws the
+      rows at ``theta`` and ``latent_logpdf`` is their log density; the score
+      is ``E[sum_i d log p(x_i | theta) | y]``.  ``h`` need not be
+      differentiable (``release`` may ignore ``theta``).
+
+    Both estimate the same ``F``; which has the smaller Monte Carlo error
+    depends on the release.  Everything here is simulated from the model
+    (public): no data.
+
+    Parameters
+    ----------
+    key : jax.Array
+        A PRNG key (the simulation's; nothing private).
+    draw_latent : callable
+        ``(key, theta) -> latent``, a pytree (e.g. the ``n`` rows, or their
+        reparametrising noise).
+    release : callable
+        ``(theta, latent) -> numpyro.distributions.Distribution``: the
+        release's law given the latent rows (its ``log_prob`` is ``log h``,
+        summed over the release's coordinates; its ``sample`` simulates the
+        releases), e.g. ``dist.Laplace(median(x), S(x) / alpha)``.
+    theta : array_like
+        The parameter (scalar or vector) at which to evaluate.
+    latent_logpdf : callable, optional
+        ``(theta, latent) -> log p(latent | theta)`` (summed), JAX-differentiable
+        in ``theta``; required when the latent law depends on ``theta``.
+    num_releases : int
+        Releases simulated (the outer Monte Carlo).
+    num_particles : int
+        Latent draws per particle set (two sets per release; memory holds the
+        ``2 * num_particles`` latents of one release at a time).
+
+    Returns
+    -------
+    MarginalFisher
+        ``fisher`` ``(p, p)``, its Monte Carlo ``stderr`` and the importance
+        samplers' ``ess`` per release.
+    """
+    for name, value, least in (("num_releases", num_releases, 2),
+                               ("num_particles", num_particles, 2)):
+        if not (isinstance(value, (int, np.integer)) and value >= least):
+            raise ValueError(f"{name}={value!r} must be an integer >= {least}.")
+    theta = jnp.asarray(theta, jnp.result_type(float))
+    flat, _ = _as_vector(theta)
+    if latent_logpdf is None:
+        _check_latent_free_of_theta(draw_latent, theta)
+    program = _marginal_fisher_program(draw_latent, release, latent_logpdf, jnp.ndim(theta) == 0,
+                                       int(num_releases), int(num_particles))
+    score_a, score_b, ess = (np.asarray(v, np.float64) for v in program(key, flat))
+    products = 0.5 * (score_a[:, :, None] * score_b[:, None, :]
+                      + score_b[:, :, None] * score_a[:, None, :])
+    return MarginalFisher(products.mean(axis=0),
+                          products.std(axis=0, ddof=1) / np.sqrt(num_releases), ess)
