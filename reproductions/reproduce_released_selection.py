@@ -91,7 +91,6 @@ seeds are fixed, ``--seed`` 0):
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import math
 import time
@@ -102,6 +101,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import results_csv
 from jax.scipy.special import gammaln
 from numpyro.distributions import biject_to, constraints
 from release_chains import BatchedChains
@@ -447,17 +447,6 @@ def _short(row):
             if k in keep}
 
 
-def write_csv(rows, path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else
-                                 (f"{row[k]:.6g}" if isinstance(row[k], float) else row[k]))
-                             for k in FIELDS})
-
-
 def plot(rows, chosen, path):
     import matplotlib
 
@@ -541,7 +530,7 @@ def main(argv=None) -> None:
     if "6.5" in args.parts:
         more, chosen = selection(cfg, args.seed + 2)
         rows += more
-    write_csv(rows, out / "released_selection.csv")
+    results_csv.write(out / "released_selection.csv", FIELDS, rows)
     plot(rows, chosen, out / "released_selection.png")
     print(f"wrote {out / 'released_selection.csv'} and .png in "
           f"{time.perf_counter() - start:.0f} s", flush=True)

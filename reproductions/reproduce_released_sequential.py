@@ -65,7 +65,6 @@ Differences from the thesis (its settings in brackets):
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import math
 import time
@@ -77,6 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import results_csv
 from jax.scipy.stats import norm
 from numpyro.diagnostics import effective_sample_size
 from numpyro.distributions import biject_to, constraints
@@ -203,16 +203,6 @@ def short(row):
             for k in keys if k in row}
 
 
-def write_csv(rows, path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v)
-                             for k, v in r.items()})
-
-
 def plot(rows, cfg: Settings, path):
     import matplotlib
 
@@ -270,7 +260,7 @@ def main(argv=None) -> None:
     out = Path(args.out_dir)
     start = time.perf_counter()
     rows = run(cfg, args.seed)
-    write_csv(rows, out / "released_sequential.csv")
+    results_csv.write(out / "released_sequential.csv", FIELDS, rows)
     plot(rows, cfg, out / "released_sequential.png")
     print(f"wrote {out / 'released_sequential.csv'} and .png in "
           f"{time.perf_counter() - start:.0f} s", flush=True)

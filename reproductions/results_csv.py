@@ -22,3 +22,16 @@ def append(path: pathlib.Path, fields: list[str], rows: list[dict]) -> None:
         if new:
             w.writeheader()
         w.writerows(rows)
+
+
+def write(path: pathlib.Path, fields: list[str], rows: list[dict]) -> None:
+    """Write ``rows`` to ``path`` anew: floats to 6 significant digits, a missing or
+    ``None`` value as an empty cell."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: "" if row.get(k) is None else
+                        (f"{row[k]:.6g}" if isinstance(row[k], float) else row[k])
+                        for k in fields})
