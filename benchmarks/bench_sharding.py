@@ -28,32 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-
-#: Bytes per element of the HLO types a collective carries.
-_BYTES = {"s32": 4, "f32": 4, "u32": 4, "s64": 8, "f64": 8, "u64": 8, "pred": 1}
-_COLLECTIVE = re.compile(r"(all-gather|all-reduce|all-to-all|collective-permute)(?:-start)?\(")
-
-
-def collectives(hlo: str) -> list[dict]:
-    """Each collective instruction of an HLO module: its kind and operand bytes."""
-    out = []
-    for line in hlo.splitlines():
-        found = _COLLECTIVE.search(line)
-        if not found or "=" not in line:
-            continue
-        result_type = line.split("=", 1)[1].split(found.group(1))[0]
-        size = 0
-        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", result_type):
-            count = 1
-            for d in filter(None, dims.split(",")):
-                count *= int(d)
-            size += count * _BYTES.get(dtype, 4)
-        out.append({"kind": found.group(1), "bytes": size})
-    return out
 
 
 def _worker(args) -> dict:
@@ -69,6 +46,7 @@ def _worker(args) -> dict:
     from numpyro_dp.kernels.hmc import dp_hmc
     from numpyro_dp.kernels.penalty import dp_penalty
     from numpyro_dp.model.adapter import PrivateModel
+    from numpyro_dp.primitives.compiled import collectives
     from numpyro_dp.primitives.secret import draw_secret
     from numpyro_dp.primitives.sharding import RunMesh, mesh_on, rows_mesh
 

@@ -31,7 +31,7 @@ from numpyro_dp.evaluation.canary import (
     mean_model,
     neighbours,
 )
-from numpyro_dp.kernels import base, penalty
+from numpyro_dp.kernels import base
 from numpyro_dp.primitives import gradients
 
 
@@ -215,11 +215,12 @@ def test_bad_audits_are_refused_with_the_fix():
 
 
 def test_a_fault_is_undone_when_its_block_ends():
-    release, clip = base.grid_release, gradients.clip_weights
+    release, clip, ratios = base.grid_release, gradients.clip_weights, base.clip_ratios
     with audit.fault("noise_halved"), audit.fault("canary_unclipped"):
         assert base.grid_release is not release and gradients.clip_weights is not clip
+        assert base.clip_ratios is not ratios  # what the penalty and Barker sums clip with
     assert base.grid_release is release and gradients.clip_weights is clip
-    assert penalty.clip_ratios is base.clip_ratios
+    assert base.clip_ratios is ratios
 
 
 @pytest.mark.slow  # make test-all: the README's example, as a user would run it

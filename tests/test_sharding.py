@@ -8,7 +8,9 @@ with n not divisible by the device count gives one device's draws on 2 and 8
 devices (bit for bit with fixed clips: the clipped sums are integer sums, added
 over the devices with ``psum``; to float rounding where the tuning's
 post-processing runs partitioned), the same charge, and no compiled program
-moves rows between devices (no ``all-gather``).  On 2-D meshes (chains x rows) and
+moves rows between devices (no ``all-gather``); for the minibatch kernels what
+moves does not grow with the batch: at twice the batch size the compiled
+programs' collectives are the same, operand for operand.  On 2-D meshes (chains x rows) and
 with ``chain_method="parallel"`` each chain device holds its own chains and the draws
 are one device's to float rounding.  Two processes on localhost (``jax.distributed``,
 each loading only its rows) give one process's draws bit for bit.
@@ -175,6 +177,14 @@ MESH_SCRIPT = textwrap.dedent("""
     except ValueError as err:
         assert "row_layout=layout" in str(err)
 
+    def moved(kernel):  # a run on the last mesh, and its programs' collectives (kind, bytes)
+        compiled.clear()
+        samples, charged = _draws(kernel, Xs, y=ys, row_layout=layout)
+        texts = [p.as_text() for p in compiled._programs.values()]
+        assert texts and not any(re.search("all-gather|all-to-all", t) for t in texts), name
+        found = sorted((c["kind"], c["bytes"]) for t in texts for c in compiled.collectives(t))
+        return samples, charged, found
+
     for name in {names!r}:
         draws, releases = {{}}, set()
         for devices in (1, 2, 8):
@@ -183,13 +193,14 @@ MESH_SCRIPT = textwrap.dedent("""
             else:
                 mesh = jax.make_mesh((devices,), ("data",))
                 Xs, ys, layout = ndp.shard_rows(mesh, X, y)
-                compiled.clear()
-                samples, charged = _draws(KERNELS[name](logistic_model), Xs, y=ys,
-                                          row_layout=layout)
-                texts = [p.as_text() for p in compiled._programs.values()]
-                assert texts and not any(re.search("all-gather|all-to-all", t) for t in texts), name
+                samples, charged, found = moved(KERNELS[name](logistic_model))
             draws[devices] = np.asarray(samples["w"])
             releases.add(charged)
+        batch_size = getattr(KERNELS[name](logistic_model), "batch_size", None)
+        if batch_size:  # a minibatch's rows stay where they live: what moves is the same at 2b
+            kernel = KERNELS[name](logistic_model)
+            kernel.batch_size = 2 * batch_size
+            assert moved(kernel)[2] == found, (name, found)
         assert np.all(np.isfinite(draws[1])), name
         for devices in (2, 8):
             if name.endswith("tuned"):
@@ -197,7 +208,8 @@ MESH_SCRIPT = textwrap.dedent("""
             else:
                 np.testing.assert_array_equal(draws[devices], draws[1], err_msg=name)
         assert len(releases) == 1, (name, releases)
-        print(name, "same draws on 1, 2, 8 devices;", releases.pop(), "releases", flush=True)
+        print(name, "same draws on 1, 2, 8 devices;", releases.pop(), "releases; collectives",
+              found, flush=True)
     print("done")
 """)
 

@@ -14,8 +14,12 @@ Per iteration, from theta, with ``T = n0 / n``:
 5. accept iff ``lambda + N(0, C - sigma_b^2) + V_corr > 0`` with C = 2, where
    ``N(0, C) + V_corr`` is (nearly) Logistic(0, 1).
 
-Only the accept decision leaves the kernel; ``lambda``, ``sigma_b^2``, the
-ratios and how many of them were clipped stay inside ``sample_fn``.  The cost
+``lambda`` and ``sigma_b^2`` come from exact sums of the clipped ratios and
+their squares (:func:`~numpyro_dp.kernels.base.ratio_sums`), so with the rows
+on a mesh each device sums the batch's rows it holds and only integer totals
+cross devices.  Only the accept decision leaves the kernel; ``lambda``,
+``sigma_b^2``, the ratios and how many of them were clipped stay inside
+``sample_fn``.  The cost
 of one iteration is the per-step RDP of Heikkilä et al. (2019) amplified by sampling ``b`` of
 ``n`` rows without replacement (:mod:`numpyro_dp.accounting.rdp`); it depends on ``n``,
 ``b`` and the number of iterations only, so there is no noise to calibrate:
@@ -46,16 +50,18 @@ from numpyro_dp.accounting import check_budget, epsilon_spent, max_iterations
 from numpyro_dp.accounting.rdp import BarkerDpEvent
 from numpyro_dp.kernels.base import (
     DPKernel,
+    batch_ratio_sums,
     carries_info,
     check_positive,
-    clip_ratios,
     keyword_arguments,
+    log_prior,
     phase_mean,
+    ratio_sums,
 )
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
-from numpyro_dp.primitives.rounding import dw_sum, unit_roundoff
+from numpyro_dp.primitives.rounding import row_quantum, unit_roundoff
 from numpyro_dp.primitives.secret import noise_key
 
 #: Variance of the Gaussian part of the logistic noise; the privacy theorem needs C = 2.
@@ -97,11 +103,14 @@ def barker_decision(key: jax.Array, lam: jax.Array, var_b: jax.Array, correction
 def barker_statistics(ratio: jax.Array, clip: float, n0: float) -> tuple[jax.Array, jax.Array]:
     """``(lambda, sigma_b^2)`` of a batch's ratios, clipped to ``clip``: the tempered
     log-likelihood ratio ``n0 * mean`` (prior excluded) and its CLT variance, capped at 1."""
-    batch_size = ratio.shape[0]
-    ratio = clip_ratios(ratio, clip)
-    total, squares = dw_sum(ratio), dw_sum(ratio * ratio)
-    mean = (total[0] + total[1]) / batch_size
-    second = (squares[0] + squares[1]) / batch_size
+    return batch_statistics(ratio_sums(ratio, clip), ratio.shape[0], n0)
+
+
+def batch_statistics(sums, batch_size: int, n0: float) -> tuple[jax.Array, jax.Array]:
+    """:func:`barker_statistics` from the batch's :func:`~numpyro_dp.kernels.base.ratio_sums`."""
+    (total_hi, total_lo), (squares_hi, squares_lo) = sums
+    mean = (total_hi + total_lo) / batch_size
+    second = (squares_hi + squares_lo) / batch_size
     return n0 * mean, jnp.clip(n0**2 / batch_size * (second - mean * mean), 0.0, 1.0)
 
 
@@ -109,13 +118,20 @@ def barker_clip(batch_size: int, n0: float, dtype) -> float:
     """Per-row clip of the ratios: ``sqrt(b) / n0``, less a rounding margin.
 
     The privacy bound (Heikkilä et al. 2019) holds for rows clipped to ``sqrt(b) / n0`` in
-    exact arithmetic.  The batch mean and variance are computed from
-    double-word sums, then rounded with a relative error below ``8 u``; clipping
-    at ``(1 - 8 b u)`` of the bound keeps the computed statistics of two
-    neighbouring batches as close as the exact ones at the full bound (a
-    margin of 5e-4 at ``b = 1000`` in float32, 1e-12 in float64).
+    exact arithmetic.  The batch's sums round each row to the grid ``q`` of
+    :func:`~numpyro_dp.primitives.rounding.exact_sum` (2^-20 of the clip in
+    float32) and add them exactly; the mean and variance are then computed
+    with a relative error below ``8 u``.  Clipping at ``(1 - 8 b u)`` of the
+    bound, less ``q``, keeps the rounded rows within ``(1 - 8 b u)`` of it and
+    so the computed statistics of two neighbouring batches as close as the exact
+    ones at the full bound (a margin of 5e-4 at ``b = 1000`` in float32, 1e-12
+    in float64).
     """
-    return math.sqrt(batch_size) / n0 * (1.0 - 8.0 * batch_size * unit_roundoff(dtype))
+    bound = math.sqrt(batch_size) / n0 * (1.0 - 8.0 * batch_size * unit_roundoff(dtype))
+    # A row moves by at most half the grid of a clip <= bound: q / 2 (and the
+    # clip's own rounding to dtype, far below the other half).
+    with jax.ensure_compile_time_eval():  # a constant, also while a sampler is traced
+        return bound - float(row_quantum(bound, batch_size, dtype))
 
 
 # ------------------------------------------------------------- accounting
@@ -275,12 +291,14 @@ def dp_barker(
         step = proposal_scale * random.normal(key_prop, theta.shape, theta.dtype)
         z_new = pm.unravel(theta + step)
         batch = sample_without_replacement(key_batch, num_rows, batch_size)
-        old = pm.log_density_terms(state.z, model_args, model_kwargs, idx=batch)
-        new = pm.log_density_terms(z_new, model_args, model_kwargs, idx=batch)
+        # The batch's sums where its rows live: only their integer totals cross devices.
+        sums = batch_ratio_sums(pm, state.z, z_new, model_args, model_kwargs, batch, clip)
+        prior_ratio = (log_prior(pm, z_new, model_args, model_kwargs)
+                       - log_prior(pm, state.z, model_args, model_kwargs))
 
         # Private: lambda, sigma_b^2 and the ratios never leave this function.
-        lam, var_b = barker_statistics(new.loglik_rows - old.loglik_rows, clip, n0)
-        accepted = barker_decision(key_noise, lam + new.prior - old.prior, var_b, correction)
+        lam, var_b = batch_statistics(sums, batch_size, n0)
+        accepted = barker_decision(key_noise, lam + prior_ratio, var_b, correction)
 
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         i = state.i

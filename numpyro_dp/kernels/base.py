@@ -45,6 +45,7 @@ from numpyro.util import is_prng_key
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
+from numpyro_dp.primitives.gradients import minibatch
 from numpyro_dp.primitives.rounding import (
     exact_sum,
     exact_sum_error,
@@ -119,6 +120,48 @@ def clip_ratios(ratio: jax.Array, clip: jax.Array) -> jax.Array:
     case ``-clip``, so every row's contribution stays bounded by the clip.
     """
     return jnp.clip(jnp.where(jnp.isnan(ratio), -clip, ratio), -clip, clip)
+
+
+def ratio_sums(ratio: jax.Array, clip, weights: jax.Array | None = None, levels: int = 1):
+    """Exact sums of a batch's clipped ratios and of their squares: two ``(hi, lo)`` pairs.
+
+    The ``b`` ratios are clipped (:func:`clip_ratios`) and summed by
+    :func:`~numpyro_dp.primitives.rounding.exact_sum` (each rounded to
+    ``q1 = row_quantum(clip, b)``, so at most ``clip + q1 / 2``), their squares
+    ``fl(r^2)`` likewise on ``row_quantum(clip^2, b)``.  Exact integer sums,
+    so the parts of one batch that several devices hold add up to one
+    device's sums, bit for bit (:func:`~numpyro_dp.primitives.gradients.minibatch`;
+    rows of ``weights`` 0 are zeros).  The statistics of the minibatch penalty
+    and Barker tests are computed from these (the rounding is charged there).
+    """
+    r = clip_ratios(ratio, clip)
+    if weights is not None:
+        r = r * weights.astype(r.dtype)
+    b = r.shape[0]
+    return exact_sum(r, clip, b, levels), exact_sum(r * r, clip * clip, b, levels)
+
+
+def batch_ratio_sums(pm: PrivateModel, z: dict, z_new: dict, model_args: tuple,
+                     model_kwargs: dict, idx: jax.Array, clip, levels: int = 1):
+    """:func:`ratio_sums` of ``l_j(z_new) - l_j(z)`` over the rows ``idx`` of a minibatch,
+    computed where the rows live: with the rows on a mesh each device takes the
+    batch's rows it holds, and only the sums' integer totals cross devices."""
+    theta, theta_new = pm.ravel(z), pm.ravel(z_new)
+
+    def sums(args, kwargs, positions, weights):
+        # The points unravelled here, in the per-shard body: values closed over as they
+        # are carry the automatic mesh's placement, which the body's operations refuse.
+        old = pm.log_density_terms(pm.unravel(theta), args, kwargs, positions=positions)
+        new = pm.log_density_terms(pm.unravel(theta_new), args, kwargs, positions=positions)
+        return ratio_sums(new.loglik_rows - old.loglik_rows, clip, weights, levels)
+
+    return minibatch(pm, sums, model_args, model_kwargs, idx)
+
+
+def log_prior(pm: PrivateModel, z: dict, model_args: tuple, model_kwargs: dict) -> jax.Array:
+    """``log p(z)`` with its Jacobian: data-free (the rows' terms, unused, are left out of
+    the compiled program)."""
+    return pm.log_density_terms(z, model_args, model_kwargs).prior
 
 
 def clipped_sum_sensitivity(

@@ -21,6 +21,10 @@ and the CLT correction ``sigma_b^2 = (n T / b)^2 (sum_B r_j^2 - R_B^2 / b)``
 with ``sigma = z (Delta_lambda + Delta_half_var)``, ``Delta_lambda = 2 n T c / b``
 and ``Delta_half_var = 2 ((b - 1) / b) (n T / b)^2 c^2``.  Its cost is the
 Gaussian's RDP amplified by the sampling (WBK, :mod:`numpyro_dp.accounting.rdp`).
+The batch's two sums (ratios and squares) are exact integer sums of the rows
+rounded to a fine grid (:func:`~numpyro_dp.kernels.base.ratio_sums`; the
+rounding is charged), so with the rows on a mesh each device sums the batch's
+rows it holds and only the integer totals cross devices.
 
 Warm-up adapts the proposal scale (dual averaging on the noisy acceptance
 probability) and the proposal covariance (Welford over the chain's own draws),
@@ -47,13 +51,15 @@ from numpyro_dp.kernels.base import (
     POSITIONAL_REMOVAL,
     ClipRequest,
     DPKernel,
+    batch_ratio_sums,
     carries_info,
     check_positive,
-    clip_ratios,
     extends,
     keyword_arguments,
+    log_prior,
     penalty_test,
     phase_mean,
+    ratio_sums,
     release_llr,
     warmup_adapter,
 )
@@ -61,11 +67,12 @@ from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
 from numpyro_dp.primitives.rounding import (
-    dw_sum,
-    dw_sum_error,
+    exact_sum_error,
     grid_quantum,
     grid_release,
     grid_sensitivity,
+    row_quantum,
+    sum_levels,
     unit_roundoff,
 )
 from numpyro_dp.primitives.secret import noise_key
@@ -134,32 +141,50 @@ class DPPenaltyState(NamedTuple):
 
 
 def batch_llr(
-    ratio: jax.Array, clip: jax.Array, scale: float, sensitivity_factor: float
+    ratio: jax.Array, clip: jax.Array, scale: float, sensitivity_factor: float, levels: int = 1
 ) -> tuple[jax.Array, jax.Array]:
     """Subsampled LLR with the CLT correction (Räisä 2020, s4.1), and its sensitivity as computed.
 
     ``ratio`` holds the ``b`` ratios of a batch (clipped here to ``clip``),
-    ``scale = n T / b``.  Returns ``lambda* - sigma_b^2 / 2`` (prior and
-    proposal terms excluded) and ``Delta_lambda + Delta_half_var`` (Räisä
-    2020, s4.1) plus twice a bound on the floating-point error of the value: the batch
-    sums are double-word sums, the rest is charged ``10 u`` of each term's
-    magnitude (about ``2 b u`` of the sensitivity: 1e-4 at ``b = 1000`` in
-    float32).
+    ``scale = n T / b``: :func:`batch_llr_value` of their
+    :func:`~numpyro_dp.kernels.base.ratio_sums`.
     """
-    r = clip_ratios(ratio, clip)
-    b = r.shape[0]
-    dtype = r.dtype
+    sums = ratio_sums(ratio, clip, levels=levels)
+    return batch_llr_value(sums, ratio.shape[0], clip, scale, sensitivity_factor)
+
+
+def batch_llr_value(sums, b: int, clip, scale: float, sensitivity_factor: float):
+    """``lambda* - sigma_b^2 / 2`` (prior and proposal terms excluded) from a batch's
+    :func:`~numpyro_dp.kernels.base.ratio_sums`, and its sensitivity as computed.
+
+    The sums are of the rows as rounded: ratios ``r~`` within ``c1 = c + q1 / 2``
+    and squares within ``eta = q2 / 2 + u c^2 + c q1 + q1^2 / 4`` of ``r~^2``
+    (``q1``, ``q2`` the grids of the ratios and the squares).  Substituting one
+    row moves the exact statistic of the rounded rows by at most
+    ``Delta_lambda + Delta_half_var`` (Räisä 2020, s4.1) at the clip ``c1``,
+    plus ``scale^2 eta`` (that row's ``eta``, both data sets); twice a bound on
+    the error of the computed value is added: the sums' (exact up to
+    :func:`~numpyro_dp.primitives.rounding.exact_sum_error`) and ``10 u`` of
+    each term's magnitude for the rest (about ``2 b u`` of the sensitivity:
+    1e-4 at ``b = 1000`` in float32).
+    """
+    (total_hi, total_lo), (squares_hi, squares_lo) = sums
+    dtype = total_hi.dtype
     u = unit_roundoff(dtype)
-    total, squares = dw_sum(r), dw_sum(r * r)
-    total_f, squares_f = total[0] + total[1], squares[0] + squares[1]
+    total_f, squares_f = total_hi + total_lo, squares_hi + squares_lo
     value = scale * total_f - 0.5 * scale**2 * (squares_f - total_f * total_f / b)
-    linear, quadratic = scale * b * clip, scale**2 * b * clip**2  # |terms| of the value
+    q1, q2 = row_quantum(clip, b, dtype), row_quantum(clip * clip, b, dtype)
+    c1 = clip + q1 / 2  # a ratio as summed; its square as summed is below c1^2 (1 + u)
+    eta = q2 / 2 + u * clip**2 + clip * q1 + q1**2 / 4
+    linear, quadratic = scale * b * c1, scale**2 * b * c1**2 * (1 + u)  # |terms| of the value
+    sum_error = exact_sum_error(b, c1, dtype)
     error = (
         10.0 * u * (linear + 2.0 * quadratic)
-        + scale * dw_sum_error(b, b * clip, dtype)
-        + scale**2 * dw_sum_error(b, b * clip**2 * (1 + u), dtype)
+        + scale * sum_error
+        + scale**2 * (exact_sum_error(b, c1**2 * (1 + u), dtype) + 2.0 * c1 * sum_error)
     )
-    exact = sensitivity_factor * (scale * clip + (b - 1) / b * scale**2 * clip**2)
+    exact = sensitivity_factor * (scale * c1 + (b - 1) / b * scale**2 * c1**2
+                                  + 0.5 * scale**2 * eta)
     return value, exact + 2.0 * error
 
 
@@ -173,9 +198,22 @@ def release_batch_llr(
     sensitivity_factor: float,
 ) -> tuple[jax.Array, jax.Array]:
     """The release ``batch_llr + N(0, sigma^2)`` on the grid of :func:`grid_release`, and sigma."""
-    value, sensitivity = batch_llr(ratio, clip, scale, sensitivity_factor)
-    b = ratio.shape[0]
-    magnitude = scale * b * clip + scale**2 * b * clip**2
+    levels = sum_levels(noise_multiplier * sensitivity_factor, ratio.dtype)
+    return release_batch_sums(
+        key, ratio_sums(ratio, clip, levels=levels), ratio.shape[0], clip, scale,
+        noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
+    )
+
+
+def release_batch_sums(
+    key: jax.Array, sums, b: int, clip: jax.Array, scale: float, *,
+    noise_multiplier: float, sensitivity_factor: float,
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`release_batch_llr` from the batch's :func:`~numpyro_dp.kernels.base.ratio_sums`
+    (with ``sum_levels(noise_multiplier * sensitivity_factor)`` levels)."""
+    value, sensitivity = batch_llr_value(sums, b, clip, scale, sensitivity_factor)
+    c1 = clip + row_quantum(clip, b, value.dtype) / 2
+    magnitude = scale * b * c1 + scale**2 * b * c1**2
     quantum = grid_quantum(magnitude, noise_multiplier * sensitivity, value.dtype)
     sensitivity = sensitivity + grid_sensitivity(quantum, 1)
     sigma = noise_multiplier * sensitivity * (1.0 + 8 * unit_roundoff(value.dtype))
@@ -249,18 +287,28 @@ def dp_penalty(
             size = state.direction[j] * jnp.abs(size)
         return jnp.zeros(dim, theta.dtype).at[j].set(size), j
 
-    def release(ratio, clip, key):
-        """The noisy (clipped, possibly subsampled) log-likelihood ratio and its sigma."""
+    levels = sum_levels(noise_multiplier * sensitivity_factor, jnp.result_type(float))
+
+    def release(z, z_new, clip, model_args, model_kwargs, key, key_batch):
+        """The noisy (clipped, possibly subsampled) log-likelihood ratio, its sigma, and
+        the prior's log ratio."""
         if batch_size is None:
-            return release_llr(
-                key, ratio, clip, temperature=temperature,
+            old = pm.log_density_terms(z, model_args, model_kwargs)
+            new = pm.log_density_terms(z_new, model_args, model_kwargs)
+            return *release_llr(
+                key, new.loglik_rows - old.loglik_rows, clip, temperature=temperature,
                 noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
                 num_terms=pm.num_rows,
-            )
-        return release_batch_llr(
-            key, ratio, clip, pm.num_rows * temperature / batch_size,
+            ), new.prior - old.prior
+        # The batch's sums where its rows live: only their integer totals cross devices.
+        batch = sample_without_replacement(key_batch, pm.num_rows, batch_size)
+        sums = batch_ratio_sums(pm, z, z_new, model_args, model_kwargs, batch, clip, levels)
+        prior_ratio = (log_prior(pm, z_new, model_args, model_kwargs)
+                       - log_prior(pm, z, model_args, model_kwargs))
+        return *release_batch_sums(
+            key, sums, batch_size, clip, pm.num_rows * temperature / batch_size,
             noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
-        )
+        ), prior_ratio
 
     def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict, secret):
         rng_key, key_prop, key_noise, key_u, key_batch = random.split(state.rng_key, 5)
@@ -268,17 +316,13 @@ def dp_penalty(
         theta = pm.ravel(state.z)
         step, j = _propose(state, theta, key_prop)
         z_new = pm.unravel(theta + step)
-        batch = None
-        if batch_size is not None:
-            batch = sample_without_replacement(key_batch, pm.num_rows, batch_size)
-        old = pm.log_density_terms(state.z, model_args, model_kwargs, idx=batch)
-        new = pm.log_density_terms(z_new, model_args, model_kwargs, idx=batch)
 
         # The only data-dependent quantity: a clipped sum, released with noise.
         clip = llr_clip * jnp.linalg.norm(step)
-        noisy_llr, sigma = release(new.loglik_rows - old.loglik_rows, clip, key_noise)
+        noisy_llr, sigma, prior_ratio = release(state.z, z_new, clip, model_args, model_kwargs,
+                                                key_noise, key_batch)
 
-        accept_prob, accepted = penalty_test(key_u, noisy_llr + new.prior - old.prior, sigma)
+        accept_prob, accepted = penalty_test(key_u, noisy_llr + prior_ratio, sigma)
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         direction = state.direction
         if proposal == "guided":  # keep the direction on accept, flip it on reject

@@ -638,6 +638,7 @@ class PrivateModel:
         model_args: tuple,
         model_kwargs: dict,
         idx: jax.Array | None = None,
+        positions: jax.Array | None = None,
     ) -> LogDensityTerms:
         """Prior and per-row log-likelihoods at unconstrained ``params``.
 
@@ -650,6 +651,10 @@ class PrivateModel:
         idx : array of int, optional
             Row indices; when given, the row arrays are indexed first so that
             only ``len(idx)`` rows are evaluated.
+        positions : array of int, optional
+            Instead of ``idx``: where the rows lie in the arrays given (padding
+            included), e.g. offsets in one device's block of rows
+            (:func:`~numpyro_dp.primitives.gradients.minibatch`).
 
         Returns
         -------
@@ -659,7 +664,9 @@ class PrivateModel:
         leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
         row_leaves = [jnp.asarray(leaves[i]) for i in self._row_leaf_index]
         if idx is not None:
-            row_leaves = [x[self.positions(idx)] for x in row_leaves]
+            positions = self.positions(idx)
+        if positions is not None:
+            row_leaves = [x[positions] for x in row_leaves]
 
         def one_row(row):
             # The model sees this row alone, so l_i cannot read another row (a
@@ -669,7 +676,7 @@ class PrivateModel:
             return self._split(params, args, kwargs)[1][0]
 
         rows = jax.vmap(one_row)(row_leaves)
-        mask = self.row_mask() if idx is None else None
+        mask = self.row_mask() if positions is None else None
         if mask is not None:  # padding: exactly 0, whatever the model makes of a zero row
             rows = jnp.where(mask, rows, 0.0)
         # The prior is data-free (proved at setup) but may use the public n.

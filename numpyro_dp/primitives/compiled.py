@@ -116,6 +116,31 @@ def compile_once(
     return compiled
 
 
+#: Bytes per element of the HLO types a collective carries.
+_BYTES = {"s32": 4, "f32": 4, "u32": 4, "s64": 8, "f64": 8, "u64": 8, "pred": 1}
+_COLLECTIVE = re.compile(r"(all-gather|all-reduce|all-to-all|collective-permute)(?:-start)?\(")
+
+
+def collectives(hlo: str) -> list[dict]:
+    """Each collective instruction of an HLO module's text (``Compiled.as_text()``):
+    its kind and the bytes of its operands (what the benchmarks and tests read to
+    see what moves between devices)."""
+    out = []
+    for line in hlo.splitlines():
+        found = _COLLECTIVE.search(line)
+        if not found or "=" not in line:
+            continue
+        result_type = line.split("=", 1)[1].split(found.group(1))[0]
+        size = 0
+        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", result_type):
+            count = 1
+            for d in filter(None, dims.split(",")):
+                count *= int(d)
+            size += count * _BYTES.get(dtype, 4)
+        out.append({"kind": found.group(1), "bytes": size})
+    return out
+
+
 def clear() -> None:
     """Forget every compiled program (as :func:`jax.clear_caches` does for JAX's own)."""
     with _lock:

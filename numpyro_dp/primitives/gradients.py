@@ -124,7 +124,7 @@ from jax.flatten_util import ravel_pytree
 
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives.rounding import dw_sum, exact_segment_sum, exact_sum, unit_roundoff
-from numpyro_dp.primitives.sharding import over_row_shards, rows_sharded
+from numpyro_dp.primitives.sharding import over_row_shards, row_axis, rows_sharded
 
 ROUTES = ("auto", "jacobian", "linear_predictor")
 
@@ -1026,9 +1026,10 @@ def _linear_predictor_sum(plan: _Plan, theta, clip, rows, mask=None, levels=1, n
 def _route(pm: PrivateModel, route: str) -> Callable:
     def clipped_sum(theta, clip, model_args, model_kwargs, idx=None, mask=None, levels=1):
         theta = jnp.asarray(theta)
-        if idx is not None:  # a minibatch: its rows gathered wherever they live
-            return rows_sum(theta, clip, model_args, model_kwargs, pm.positions(idx), mask,
-                            levels, None)
+        if idx is not None:  # a minibatch: each device sums the batch's rows it holds
+            return minibatch(pm, lambda args, kwargs, positions, weights: rows_sum(
+                theta, clip, args, kwargs, positions, weights, levels, None),
+                model_args, model_kwargs, idx, mask)
         # Every row, padding weighted 0 and left out of n, each device summing its own.
         return full_data(pm, lambda args, kwargs, row_mask: rows_sum(
             theta, clip, args, kwargs, None, row_mask, levels, pm.num_rows),
@@ -1128,6 +1129,39 @@ def full_data(pm: PrivateModel, fn: Callable, model_args: tuple, model_kwargs: d
         return fn(*pm.rebuild(parts[:-1]), parts[-1])
 
     return over_row_shards(block, rows if mask is None else (*rows, mask), out_rows)
+
+
+def minibatch(pm: PrivateModel, fn: Callable, model_args: tuple, model_kwargs: dict,
+              idx: jax.Array, mask: jax.Array | None = None):
+    """``fn(model_args, model_kwargs, positions, weights)`` on the rows ``idx``, where they live.
+
+    ``fn`` evaluates the rows at ``positions`` of the arrays it is given, each
+    counted with its weight (None: all count), and returns exact sums over them
+    (:func:`~numpyro_dp.primitives.rounding.exact_sum`) in which a row of weight
+    0 is zeros.  On one device that is the arrays as given at
+    ``pm.positions(idx)``, weighted by ``mask``.  With the run's rows on a mesh,
+    ``fn`` runs on each device's block
+    (:func:`~numpyro_dp.primitives.sharding.over_row_shards`) and gathers the
+    batch's rows from that block alone: a row that another device holds gets
+    weight 0 (at a position clamped into the block), so every row counts on
+    the one device that holds it.  The exact sums' integer totals are then
+    added over the devices (d numbers a sum, whatever the batch size, instead
+    of the ``b`` rows) and equal one device's bit for bit.  Every device does
+    the batch's work once (O(b), not O(b / D)).  The indices are public
+    (drawn from the key and the public n, b, q), the same on every device.
+    """
+    positions = pm.positions(idx)
+    if not rows_sharded():
+        return fn(model_args, model_kwargs, positions, mask)
+
+    def block(parts):  # this device's block of rows: positions [k size, (k + 1) size)
+        size = parts[0].shape[0]
+        local = positions - lax.axis_index(row_axis()) * size
+        held = (local >= 0) & (local < size)
+        weights = held if mask is None else held.astype(mask.dtype) * mask
+        return fn(*pm.rebuild(parts), jnp.clip(local, 0, size - 1), weights)
+
+    return over_row_shards(block, pm.private_inputs(model_args, model_kwargs))
 
 
 def _row_blocks(fn: Callable, rows: list, block: int) -> jax.Array:

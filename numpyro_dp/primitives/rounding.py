@@ -194,7 +194,13 @@ def _block_totals(units: jax.Array, itype, bits: int) -> jax.Array:
     """Exact sums of blocks of rows of integers below ``2^bits`` (two stages).
 
     Two small segment sums are much faster in XLA on CPU than one large one;
-    each total stays below ``2^(integer bits - 1)``.
+    each total stays below ``2^(integer bits - 1)``.  The rows left after the
+    full blocks make a block of their own, padded with zeros.  Summed on their
+    own, XLA computed those rows inside the kernel that consumed the sum (on
+    one device, a sampler's update), whose products and sums the CPU backend
+    then contracted into FMAs otherwise than on a mesh, where the sum comes
+    from an all-reduce: DPSGLD's draws on one device and on a mesh differed by
+    one ulp for batches that are not a multiple of the block.
     """
     stage = 2 ** ((jnp.iinfo(itype).bits - 2 - bits) // 2)
     totals = units.astype(itype)
@@ -205,7 +211,8 @@ def _block_totals(units: jax.Array, itype, bits: int) -> jax.Array:
         if full:
             parts.append(totals[:full].reshape((-1, stage) + totals.shape[1:]).sum(1))
         if full < n or not n:
-            parts.append(totals[full:].sum(0, keepdims=True))
+            pad = [(0, full + stage - n)] + [(0, 0)] * (totals.ndim - 1)
+            parts.append(jnp.pad(totals[full:], pad).reshape((1, stage) + totals.shape[1:]).sum(1))
         totals = jnp.concatenate(parts)
     return totals
 

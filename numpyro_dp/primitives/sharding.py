@@ -18,11 +18,15 @@ under ``jax.shard_map``, and the rounding's *integer* totals
 ``psum`` per release, d numbers each, never the rows.  Integer sums are exact,
 so a release is the same function of the data on 1 or 8 devices, and the noise
 is added once, after the ``psum``, from the run secret: the same draw on every
-device, whatever their number.  ``shard_map`` rather than XLA's automatic
-partitioning because the latter gathers the rows wherever a program reshapes
-them into blocks that straddle devices (the exact sums' stages of 32 rows, the
-gradient routes' blocks of 131072, the warm start's of 4096).  Row-wise work
-outside those sums (each row's log-likelihood, the mask) is left to the
+device, whatever their number.  A minibatch's sums likewise
+(:func:`~numpyro_dp.primitives.gradients.minibatch`): every device draws the
+same (public) row indices, takes those in its own block and sums them, so the
+``psum`` carries d numbers whatever the batch size, never the batch's rows.
+``shard_map`` rather than XLA's automatic partitioning because the latter
+gathers the rows wherever a program reshapes them into blocks that straddle
+devices (the exact sums' stages of 32 rows, the gradient routes' blocks of
+131072, the warm start's of 4096) or indexes a minibatch out of them.  Row-wise
+work outside those sums (each row's log-likelihood, the mask) is left to the
 automatic partitioning, which keeps it on the rows' devices.
 
 Chains split over a second mesh axis (``"chain"``) are a batch whose state is
