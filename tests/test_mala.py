@@ -40,11 +40,16 @@ def test_banana_negligible_noise_matches_exact_posterior():
 @pytest.mark.slow
 @negligible_noise_warnings
 def test_spec_gaussian_negligible_noise_matches_exact_posterior():
-    """SPEC s8 Gaussian, d = 10 (condition number ~800), dense preconditioner."""
+    """SPEC s8 Gaussian, d = 10 (condition number ~800), dense preconditioner.
+
+    4000 warm-up iterations: with 1000 the dense mass matrix was learnt too
+    roughly for this conditioning, and under jax 0.10.2 / numpyro 0.22 the
+    chains' effective size fell to 57 (below the MMD check's 200) at this seed,
+    also at c40d0e3, where it had passed."""
     clip = 1e6
     kernel = ndp.DPMALA(gaussian_model, step_size=0.01, grad_clip=clip, llr_clip=clip,
                         dense_mass=True, **NEGLIGIBLE)
-    assert_exact_on_spec_gaussian(kernel, 1000, 4000, clip)
+    assert_exact_on_spec_gaussian(kernel, 4000, 4000, clip)
 
 
 def unit_gaussian_model(X):
