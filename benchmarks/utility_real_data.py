@@ -257,7 +257,7 @@ def run_linreg(name, args, ref, eps, seed):
         warnings.simplefilter("ignore")
         release = ndp.linreg.release_linreg_stats(
             jax.random.PRNGKey(seed), X1, y, x_bound=float(np.sqrt(d)), y_bound=3.0,
-            epsilon=eps, delta=DELTA, clip=True)
+            epsilon=eps, delta=DELTA)
         fit = ndp.linreg.fit(jax.random.PRNGKey(seed + 1), release, "fixedS", prior)
     post = fit.get_samples()
     post = {"b0": post["theta"][:, 0], "w": post["theta"][:, 1:],

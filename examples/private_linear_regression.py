@@ -25,9 +25,12 @@ y = X @ np.array([0.8, -0.5, 0.2]) + 0.3 * rng.normal(size=n)
 # 1. release: bounds fixed a priori (|x_k| <= 1 by design, |y| <= 3 by protocol)
 # (charged to the ledger before any noise is drawn; the noise comes from an OS secret)
 ledger = ndp.PrivacyLedger(delta=1e-6, neighbourhood="substitute")
+# three data holders (e.g. hospitals), each with its own rows; rows beyond the bounds
+# are projected onto them as part of the mechanism
+Xs, ys = np.array_split(X, 3), np.array_split(y, 3)
 release = ndp.linreg.release_linreg_stats(
-    random.PRNGKey(0), X, y, x_bound=np.sqrt(d), y_bound=3.0,
-    epsilon=1.0, delta=1e-6, num_holders=3, clip=True, ledger=ledger,
+    random.PRNGKey(0), Xs, ys, x_bound=np.sqrt(d), y_bound=3.0,
+    epsilon=1.0, delta=1e-6, ledger=ledger,
 )
 print(ledger.spent())
 

@@ -244,8 +244,8 @@ def precompile(args):
             prior, delta = lr.LinRegPrior.default(X.shape[1]), 0.1 / len(tr)
         else:
             continue
-        rel = lr.release_linreg_stats(random.PRNGKey(0), X, y, x_bound=bx, y_bound=by,
-                                      epsilon=1.0, delta=delta, num_holders=J, clip=True)
+        rel = lr.release_linreg_stats(random.PRNGKey(0), *holders(X, y, J), x_bound=bx,
+                                      y_bound=by, epsilon=1.0, delta=delta)
         for m in ("fixedS", "normalX"):
             jobs.append(((exp, setting), m, lambda r=rel, m=m, p=prior: nuts_job(
                 r, m, p, samplers)))
@@ -256,17 +256,22 @@ def precompile(args):
         print(f"compiled {exp} {setting} {m}: {time.perf_counter() - t:.1f}s", flush=True)
 
 
+def holders(X, y, J):
+    """The rows split into J data holders' consecutive blocks (lists of X_j and y_j)."""
+    return list(np.array_split(X, J)), list(np.array_split(y, J))
+
+
 def run_methods(key, X, y, X_test, y_test, x_bound, y_bound, eps, delta, J, prior, ref,
                 samplers, methods=METHODS):
     """Yield (method, test_mse, mmd, seconds) for every method at one epsilon."""
     k_rel, k_fit, k_ada, k_draw = random.split(key, 4)
-    rel = lr.release_linreg_stats(k_rel, X, y, x_bound=x_bound, y_bound=y_bound,
-                                  epsilon=eps, delta=delta, num_holders=J, clip=True)
+    rel = lr.release_linreg_stats(k_rel, *holders(X, y, J), x_bound=x_bound, y_bound=y_bound,
+                                  epsilon=eps, delta=delta)
     for method in methods:
         t = time.perf_counter()
         if method == "adaSSP":
-            theta = lr.adassp(k_ada, X, y, x_bound=x_bound, y_bound=y_bound, epsilon=eps,
-                              delta=delta, num_holders=J, clip=True).value[None]
+            theta = lr.adassp(k_ada, *holders(X, y, J), x_bound=x_bound, y_bound=y_bound,
+                              epsilon=eps, delta=delta).value[None]
         elif method == "fast":
             theta = lr.fast_posterior(rel, prior).sample(k_draw, samplers.args.samples)
         else:

@@ -43,10 +43,11 @@ def test_sensitivity_closed_form_and_brute_force():
 
 def test_release_shapes_noise_and_cost():
     X, y = make_data(3000, 3)
-    rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, epsilon=1.0,
-                                  delta=1e-6, num_holders=3, reproducible_noise=True)
+    Xs, ys = np.array_split(X, 3), np.array_split(y, 3)  # three holders' rows
+    rel = lr.release_linreg_stats(KEY, Xs, ys, x_bound=1.2, y_bound=2.5, epsilon=1.0,
+                                  delta=1e-6, reproducible_noise=True)
     assert rel.S_hat.shape == (3, 3, 3) and rel.z_hat.shape == (3, 3)
-    assert list(rel.n_rows) == [1000, 1000, 1000]
+    assert list(rel.n_rows) == [1000, 1000, 1000]  # public under substitute
     assert np.allclose(rel.S_hat, np.swapaxes(rel.S_hat, 1, 2))
     sens = lr.linreg_sensitivity(1.2, 2.5)
     assert rel.entry.per_iteration.noise_multiplier == pytest.approx(rel.sigma / sens)
@@ -115,8 +116,8 @@ def test_adassp_tends_to_least_squares_and_costs_its_budget():
     rel = lr.adassp(KEY, X, y, x_bound=1.2, y_bound=2.5, epsilon=1e4, delta=1e-6)
     assert np.allclose(rel.value, np.linalg.lstsq(X, y, rcond=None)[0], atol=1e-2)
     for eps in (0.5, 2.0):
-        r = lr.adassp(KEY, X, y, x_bound=1.2, y_bound=2.5, epsilon=eps, delta=1e-6,
-                      num_holders=2)
+        r = lr.adassp(KEY, np.array_split(X, 2), np.array_split(y, 2), x_bound=1.2,
+                      y_bound=2.5, epsilon=eps, delta=1e-6)
         spent = epsilon_spent(r.entry.event, 1e-6)
         assert spent <= eps and spent == pytest.approx(eps, rel=1e-4)
 
@@ -136,10 +137,16 @@ def test_bad_inputs_get_clear_errors():
         lr.release_linreg_stats(KEY, X, y, **{**ok, "x_bound": -1.0})
     with pytest.raises(ValueError, match="epsilon"):
         lr.release_linreg_stats(KEY, X, y, **{**ok, "epsilon": 0.0})
-    with pytest.raises(ValueError, match="computed from"):
-        lr.release_linreg_stats(KEY, X, y, **{**ok, "y_bound": np.abs(y).max()})
-    with pytest.raises(ValueError, match="clip=True"):
-        lr.release_linreg_stats(KEY, X, y, **{**ok, "y_bound": 0.5})
+    with pytest.raises(ValueError, match="both as lists"):
+        lr.release_linreg_stats(KEY, [X], y, **ok)
+    with pytest.raises(ValueError, match="Holder 1"):
+        lr.release_linreg_stats(KEY, [X, X[:, :1]], [y, y], **ok)
+    with pytest.raises(ValueError, match="max_rows="):
+        lr.release_linreg_stats(KEY, X, y, **ok, neighbourhood="add_remove")
+    with pytest.raises(ValueError, match="more rows than max_rows=50"):
+        lr.release_linreg_stats(KEY, X, y, **ok, neighbourhood="add_remove", max_rows=50)
+    with pytest.raises(ValueError, match="outside the data domain"):
+        lr.release_linreg_stats(KEY, X, np.where(np.arange(100) == 7, np.nan, y), **ok)
     rel = lr.release_linreg_stats(KEY, X, y, x_bound=1.2, y_bound=2.5, noise_multiplier=50.0,
                                   reproducible_noise=True)
     assert np.linalg.eigvalsh(rel.S_hat).min() < 0  # a noisy Gram matrix is not PSD
@@ -193,7 +200,7 @@ def test_sensitivity_holds_as_computed(monkeypatch):
         X2, y2 = X, y.copy()
         y2[0] = -y[0]
         rel, rel2 = (lr.release_linreg_stats(KEY, A, b, x_bound=bx, y_bound=by,
-                                             noise_multiplier=1.0, clip=True)
+                                             noise_multiplier=1.0)
                      for A, b in ((X, y), (X2, y2)))
         charged = rel.sigma / rel.entry.per_iteration.noise_multiplier
         nominal = lr.linreg_sensitivity(bx, by)

@@ -162,15 +162,13 @@ def test_bad_bounds_are_refused():
     with pytest.raises(ValueError, match="finite number > 0"):
         mech.sum_sensitivity(-1.0)
     with pytest.raises(ValueError, match="not an array"):
-        mech.clip_rows(X, np.linalg.norm(X, axis=1), clip=True)
-    with pytest.raises(ValueError, match="computed from"):
-        mech.clip_rows(X, np.linalg.norm(X, axis=1).max(), clip=True)
-    with pytest.raises(ValueError, match="clip=True"):
-        mech.clip_rows(X, 0.8, clip=False)
-    clipped = mech.clip_rows(X, 0.8, clip=True)
-    assert np.allclose(np.linalg.norm(clipped, axis=1), [0.5, 0.8])
-    with pytest.raises(ValueError, match="integers"):
-        mech.randomized_response(KEY, np.array([0, 3]), 3, epsilon=1.0)
+        mech.clip_rows(X, np.linalg.norm(X, axis=1))
+    for bound, norms in ((0.8, [0.5, 0.8]), (1.0, [0.5, 1.0]), (2.0, [0.5, 1.0])):
+        assert np.allclose(np.linalg.norm(mech.clip_rows(X, bound), axis=1), norms)
+    with pytest.raises(ValueError, match="outside the data domain"):
+        mech.clip_rows(np.array([0.1, np.inf]), 1.0)
+    with pytest.raises(ValueError, match="integer category codes"):
+        mech.randomized_response(KEY, np.array([0.0, 2.0]), 3, epsilon=1.0)
 
 
 # ------------------------------------------------------------ floating point
@@ -210,6 +208,12 @@ def test_float_bits_do_not_tell_neighbours_apart(name):
     assert all(on_coarse_grid(r.value, r.scale) for r in rels)
 
 
+def two_holders():
+    """300 rows split between two data holders (lists of X_j and y_j)."""
+    X, y = linreg_data(300, 2)
+    return [X[:150], X[150:]], [y[:150], y[150:]]
+
+
 RELEASES = {
     "gaussian": lambda key, **kw: mech.gaussian_mechanism(
         key, np.arange(3.0), 1.0, epsilon=1.0, delta=1e-5, **kw),
@@ -220,11 +224,9 @@ RELEASES = {
     "randomized_response": lambda key, **kw: mech.randomized_response(
         key, np.arange(1000) % 3, 3, epsilon=1.0, **kw),
     "release_linreg_stats": lambda key, **kw: lr.release_linreg_stats(
-        key, *linreg_data(300, 2), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5,
-        num_holders=2, **kw),
+        key, *two_holders(), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5, **kw),
     "adassp": lambda key, **kw: lr.adassp(
-        key, *linreg_data(300, 2), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5,
-        num_holders=2, **kw),
+        key, *two_holders(), x_bound=1.2, y_bound=2.5, epsilon=1.0, delta=1e-5, **kw),
 }
 
 
@@ -289,7 +291,7 @@ def test_gram_sensitivity_holds_as_computed(monkeypatch):
         X[0] = 2 * bx * np.eye(3)[0]
         X2 = X.copy()
         X2[0] = 2 * bx * np.eye(3)[1]
-        rel, rel2 = (mech.gram_mechanism(KEY, A, bx, noise_multiplier=1.0, clip=True)
+        rel, rel2 = (mech.gram_mechanism(KEY, A, bx, noise_multiplier=1.0)
                      for A in (X, X2))
         charged = rel.scale / rel.entry.per_iteration.noise_multiplier
         assert mech.gram_sensitivity(bx) < charged < mech.gram_sensitivity(bx) * (1 + 1e-8)

@@ -61,6 +61,7 @@ from numpyro_dp.releases.mechanisms import (
     gram_plan,
     gram_sensitivity,
     grid_plan,
+    planned_rows,
     release_entry,
     row_product_error,
     row_product_sum,
@@ -70,8 +71,15 @@ from numpyro_dp.releases.mechanisms import (
     upper_triangle,
 )
 
-
 # ------------------------------------------------------------------ release
+#: Under ``"add_remove"`` each holder's row count is private and is released
+#: with its statistics: every row adds ``COUNT_WEIGHT`` times the statistics'
+#: sensitivity to one more coordinate, so the noise grows by a factor
+#: ``sqrt(1 + COUNT_WEIGHT^2)`` (3% at 1/4) and the count's noise is about
+#: ``noise_multiplier / COUNT_WEIGHT`` rows.
+COUNT_WEIGHT = 0.25
+
+
 def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "substitute") -> float:
     """l2-sensitivity of ``(upper triangle of X^T X, X^T y)``.
 
@@ -79,11 +87,20 @@ def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "sub
     ``sqrt(x_bound^4 + x_bound^2 y_bound^2)`` (Alparslan 2023, eq. 5.12).
     Substitute: ``sqrt(2 x_bound^4 + 4 x_bound^2 y_bound^2)`` (see
     :func:`~numpyro_dp.releases.mechanisms.gram_sensitivity`; the ``X^T y`` part
-    doubles), below the factor 2 of the triangle inequality.
+    doubles), below the factor 2 of the triangle inequality.  Holders hold
+    disjoint rows, so a row moves one holder's statistics only.
     """
     bx, by = check_bound("x_bound", x_bound), check_bound("y_bound", y_bound)
     z_part = sum_sensitivity(bx * by, neighbourhood)
     return math.sqrt(gram_sensitivity(bx, neighbourhood) ** 2 + z_part**2)
+
+
+def count_weight(x_bound: float, y_bound: float, neighbourhood: str) -> float:
+    """What one row adds to the released count coordinate: 0 (none) under ``"substitute"``,
+    where the counts are public, else :data:`COUNT_WEIGHT` times the statistics' sensitivity."""
+    if check_neighbourhood(neighbourhood) == "substitute":
+        return 0.0
+    return COUNT_WEIGHT * linreg_sensitivity(x_bound, y_bound, neighbourhood)
 
 
 def linreg_plan(
@@ -94,17 +111,24 @@ def linreg_plan(
     y_bound: float,
     neighbourhood: str,
 ) -> GridPlan:
-    """:class:`~numpyro_dp.releases.mechanisms.GridPlan` of :func:`linreg_statistic` for n rows.
+    """:class:`~numpyro_dp.releases.mechanisms.GridPlan` of one holder's :func:`linreg_statistic`.
 
-    Sensitivity :func:`linreg_sensitivity` at the bounds as computed, plus the
-    error bounds of both sums (:func:`~numpyro_dp.releases.mechanisms.row_product_error`)
-    and the grid rounding.
+    ``num_rows`` is what the release is sized for
+    (:func:`~numpyro_dp.releases.mechanisms.planned_rows`: n, or the public
+    ``max_rows`` under add/remove).  Sensitivity :func:`linreg_sensitivity` at
+    the bounds as computed, joined under add/remove by the count coordinate
+    (:func:`count_weight`), plus the error bounds of both sums
+    (:func:`~numpyro_dp.releases.mechanisms.row_product_error`), the count's
+    rounding and the grid rounding.
     """
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
-    error = row_product_error(num_rows, bx, bx, d * d) + row_product_error(num_rows, bx, by, d)
+    w = count_weight(bx, by, neighbourhood)
+    error = (row_product_error(num_rows, bx, bx, d * d) + row_product_error(num_rows, bx, by, d)
+             + U64 * w * num_rows)
+    sensitivity = math.hypot(linreg_sensitivity(bx, by, neighbourhood), w)
     return grid_plan(
-        noise_multiplier, linreg_sensitivity(bx, by, neighbourhood), d * (d + 3) // 2,
-        magnitude=num_rows * bx * max(bx, by), error=error,
+        noise_multiplier, sensitivity, d * (d + 3) // 2 + (w > 0),
+        magnitude=num_rows * max(bx * max(bx, by), w), error=error,
     )
 
 
@@ -114,13 +138,47 @@ def xty_statistic(X, y) -> tuple:
     return hi[:, 0], lo[:, 0]
 
 
-def linreg_statistic(X, y) -> tuple:
+def linreg_statistic(X, y, weight: float = 0.0) -> tuple:
     """``(upper triangle of X^T X, X^T y)`` as computed for a release: a double-word pair.
 
-    Call under ``jax.enable_x64(True)``.
+    With ``weight > 0`` the row count times ``weight`` is appended (add/remove,
+    :func:`count_weight`).  Call under ``jax.enable_x64(True)``.
     """
     (s_hi, s_lo), (z_hi, z_lo) = upper_triangle(row_product_sum(X, X)), xty_statistic(X, y)
-    return jnp.concatenate([s_hi, z_hi]), jnp.concatenate([s_lo, z_lo])
+    parts_hi, parts_lo = [s_hi, z_hi], [s_lo, z_lo]
+    if weight > 0:
+        parts_hi.append(jnp.array([weight * len(X)], jnp.float64))
+        parts_lo.append(jnp.zeros(1, jnp.float64))
+    return jnp.concatenate(parts_hi), jnp.concatenate(parts_lo)
+
+
+def holder_rows(X, y) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each data holder's rows ``(X_j, y_j)``: one pair of arrays, or one sequence of each.
+
+    Holders are the user's own split of the rows (each holds its rows; no row
+    moves between holders when another is added or removed).  Shapes are
+    checked (public); a holder may hold no rows.
+    """
+    several = isinstance(X, (list, tuple))
+    if several != isinstance(y, (list, tuple)) or (several and len(X) != len(y)):
+        raise ValueError(
+            "Pass X and y both as arrays (one data holder) or both as lists with one array "
+            "per holder, e.g. X=[X1, X2], y=[y1, y2]."
+        )
+    pairs = list(zip(X, y, strict=True)) if several else [(X, y)]
+    if not pairs:
+        raise ValueError("No data holder given: pass at least one (X_j, y_j).")
+    out = []
+    d = np.shape(pairs[0][0])[-1] if np.ndim(pairs[0][0]) == 2 else None
+    for j, (Xj, yj) in enumerate(pairs):
+        Xj, yj = np.asarray(Xj, np.float64), np.asarray(yj, np.float64)
+        if Xj.ndim != 2 or Xj.shape[1] != d or yj.shape != (len(Xj),):
+            raise ValueError(
+                f"Holder {j}: X must be (n_j, d) with the same d for every holder and y "
+                f"(n_j,); got {Xj.shape} and {yj.shape}."
+            )
+        out.append((Xj, yj))
+    return out
 
 
 class LinRegRelease(NamedTuple):
@@ -133,7 +191,9 @@ class LinRegRelease(NamedTuple):
     z_hat : ndarray (J, d)
         Noisy ``X_j^T y_j``.
     n_rows : ndarray (J,)
-        Rows per holder (public).
+        Rows per holder: exact under ``"substitute"`` (public), released with
+        noise (about ``noise_multiplier / COUNT_WEIGHT`` rows, floored at 0)
+        under ``"add_remove"``, where they are private.
     sigma : float
         Noise standard deviation of every released coordinate.
     x_bound, y_bound : float
@@ -164,6 +224,16 @@ class LinRegRelease(NamedTuple):
         charge(ledger, self.entry, self.neighbourhood)
 
 
+def _holders_plan_rows(holders, neighbourhood, max_rows, delta) -> int:
+    """The per-holder row count the releases are sized for, after the ``delta`` check
+    against every row of every holder (n, or ``J max_rows`` under add/remove)."""
+    rows = planned_rows(max(len(Xj) for Xj, _ in holders), neighbourhood, max_rows)
+    total = (sum(len(Xj) for Xj, _ in holders) if neighbourhood == "substitute"
+             else len(holders) * rows)
+    check_delta_for_rows(delta, total)
+    return rows
+
+
 def release_linreg_stats(
     rng_key,
     X,
@@ -174,51 +244,67 @@ def release_linreg_stats(
     epsilon: float | None = None,
     delta: float | None = None,
     noise_multiplier: float | None = None,
-    num_holders: int = 1,
     neighbourhood: str = "substitute",
-    clip: bool = False,
+    max_rows: int | None = None,
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
 ) -> LinRegRelease:
-    """Release ``(S_hat_j, z_hat_j)`` for ``num_holders`` consecutive blocks of rows.
+    """Release ``(S_hat_j, z_hat_j)`` for each data holder's rows.
 
-    Each holder would run this on its own rows with ``num_holders=1``; the
-    blocks here simulate J holders (``np.array_split`` of the rows).  The noise
-    is calibrated analytically (Balle & Wang 2018) to (epsilon, delta), or
-    given as ``noise_multiplier``, for :func:`linreg_sensitivity` plus the
-    computation's error bounds and the grid rounding (:func:`linreg_plan`, at
-    the largest holder's row count); ``delta`` must be below ``1 / n``.
+    Parameters
+    ----------
+    rng_key : jax.random key
+        Public; the noise comes from a fresh OS secret.
+    X, y : array (n, d) and (n,), or lists of them
+        One data holder's rows, or one array per holder (``X=[X1, X2, X3]``,
+        ``y=[y1, y2, y3]``; :func:`holder_rows`).  Each holder would run this on
+        its own rows; the lists simulate J holders with the same noise scale.
+    x_bound, y_bound : float
+        A-priori bounds on ``||x||`` and ``|y|``, fixed without looking at the
+        data.  Rows beyond them are projected onto them
+        (:func:`~numpyro_dp.releases.mechanisms.clip_rows`).
+    epsilon, delta, noise_multiplier : float, optional
+        The budget (noise calibrated analytically, Balle & Wang 2018), or the
+        noise multiplier.  ``delta`` must be below ``1 / n`` (all holders' rows;
+        under add/remove ``1 / (J max_rows)``).
+    neighbourhood : {"substitute", "add_remove"}
+        Under add/remove the row counts are private: the release is sized for
+        ``max_rows`` (required) and each holder's count is released with noise
+        in the same Gaussian release (:data:`COUNT_WEIGHT`), so nothing
+        published depends on n except through the noise.
+    max_rows : int, optional
+        A public upper bound on each holder's rows
+        (:func:`~numpyro_dp.releases.mechanisms.planned_rows`).
+    ledger, reproducible_noise :
+        As in :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
 
-    ``x_bound`` and ``y_bound`` must be fixed a priori; rows beyond them are
-    refused unless ``clip=True`` (see :func:`~numpyro_dp.releases.mechanisms.clip_rows`).
-    ``ledger`` (charged before any noise is drawn) and ``reproducible_noise``
-    (tests only) as in :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
+    The noise covers :func:`linreg_sensitivity` plus the computation's error
+    bounds and the grid rounding (:func:`linreg_plan`); one Gaussian event,
+    since a row moves one holder's statistics only.
     """
-    check_neighbourhood(neighbourhood)
-    X = clip_rows(X, x_bound, clip, "x")
-    y = clip_rows(y, y_bound, clip, "y")
-    if X.ndim != 2 or y.shape != (len(X),):
-        raise ValueError(f"X must be (n, d) and y (n,); got {X.shape} and {y.shape}.")
-    if not (isinstance(num_holders, (int, np.integer)) and 1 <= num_holders <= len(X)):
-        raise ValueError(f"num_holders={num_holders!r} must be an integer in 1..n.")
-    check_delta_for_rows(delta, len(X))
+    holders = holder_rows(X, y)
+    rows = _holders_plan_rows(holders, neighbourhood, max_rows, delta)
+    holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
-    d = X.shape[1]
-    blocks = np.array_split(np.arange(len(X)), num_holders)
-    plan = linreg_plan(z, len(blocks[0]), d, x_bound, y_bound, neighbourhood)
+    d = holders[0][0].shape[1]
+    plan = linreg_plan(z, rows, d, x_bound, y_bound, neighbourhood)
+    weight = count_weight(computed_bound(x_bound, d), computed_bound(y_bound, 1), neighbourhood)
     entry = release_entry("LinRegStats", dpa.GaussianDpEvent(z), reproducible_noise)
+    k = d * (d + 1) // 2
 
     def draw(key):
-        stats = [plan.release(random.fold_in(key, j), *linreg_statistic(X[b], y[b]))
-                 for j, b in enumerate(blocks)]
-        k = d * (d + 1) // 2
-        return (np.stack([symmetric_from_upper(s[:k], d) for s in stats]),
-                np.stack([s[k:] for s in stats]))
+        stats = np.stack([plan.release(random.fold_in(key, j), *linreg_statistic(Xj, yj, weight))
+                          for j, (Xj, yj) in enumerate(holders)])
+        return np.stack([symmetric_from_upper(s[:k], d) for s in stats]), stats[:, k:]
 
-    S_hat, z_hat = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger,
-                                  what="release_linreg_stats")
-    return LinRegRelease(S_hat, z_hat, np.array([len(b) for b in blocks]), float(plan.scale),
-                         float(x_bound), float(y_bound), entry, neighbourhood)
+    S_hat, rest = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger,
+                                 what="release_linreg_stats")
+    if weight > 0:
+        n_rows = np.maximum(rest[:, d] / weight, 0.0)
+    else:
+        n_rows = np.array([len(Xj) for Xj, _ in holders])
+    return LinRegRelease(S_hat, rest[:, :d], n_rows, float(plan.scale), float(x_bound),
+                         float(y_bound), entry, neighbourhood)
 
 
 # -------------------------------------------------------------------- prior
@@ -416,16 +502,18 @@ def adassp(
     y_bound: float,
     epsilon: float,
     delta: float,
-    num_holders: int = 1,
     neighbourhood: str = "substitute",
+    max_rows: int | None = None,
     rho: float = 0.05,
-    clip: bool = False,
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
 ) -> Release:
     """adaSSP (Wang 2018), distributed as in Alparslan (2023, eq. 7.2).
 
-    Each holder releases ``lambda_min(S_j)`` (sensitivity ``x_bound^2``),
+    ``X``, ``y``: one holder's rows or one array per holder, as in
+    :func:`release_linreg_stats` (rows projected onto the bounds; ``max_rows``
+    and the ``delta`` check likewise).  Each holder releases
+    ``lambda_min(S_j)`` (sensitivity ``x_bound^2``),
     ``S_j`` (:func:`~numpyro_dp.releases.mechanisms.gram_sensitivity`) and ``z_j``
     (``X_j^T y_j``), three Gaussian releases with one noise multiplier whose
     tight composition spends (epsilon, delta); each sensitivity also covers
@@ -438,24 +526,21 @@ def adassp(
     ``1 - rho / 3`` noise quantile.  Wang splits the budget as (eps/3, delta/3)
     with the classic calibration; the tight split gives less noise for the
     same guarantee.  Returns ``theta_hat = (sum S_hat_j + sum lambda_j I)^-1
-    sum z_hat_j`` as the release's value.  ``delta`` must be below ``1 / n``;
-    ``ledger`` and ``reproducible_noise`` as in
+    sum z_hat_j`` as the release's value.  ``ledger`` and
+    ``reproducible_noise`` as in
     :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
     """
-    check_neighbourhood(neighbourhood)
-    X = clip_rows(X, x_bound, clip, "x")
-    y = clip_rows(y, y_bound, clip, "y")
+    holders = holder_rows(X, y)
+    n = _holders_plan_rows(holders, neighbourhood, max_rows, delta)  # every bound grows with n
+    holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     if not 0 < rho < 1:
         raise ValueError(f"rho={rho} (failure probability) must lie in (0, 1).")
-    check_delta_for_rows(delta, len(X))
-    d = X.shape[1]
+    d = holders[0][0].shape[1]
 
     def event3(z):
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 3)
 
     z = calibrate_noise_multiplier(event3, epsilon, delta)
-    blocks = np.array_split(np.arange(len(X)), num_holders)
-    n = len(blocks[0])  # the largest holder: every bound grows with n
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
     S_plan = gram_plan(z, n, d, x_bound, neighbourhood)
     z_plan = grid_plan(z, sum_sensitivity(bx * by, neighbourhood), d,
@@ -469,15 +554,15 @@ def adassp(
 
     def draw(key):
         S_sum, z_sum, lam_sum = np.zeros((d, d)), np.zeros(d), 0.0
-        for j, b in enumerate(blocks):
+        for j, (Xj, yj) in enumerate(holders):
             k_lam, k_S, k_z = random.split(random.fold_in(key, j), 3)
-            S = row_product_sum(X[b], X[b])
+            S = row_product_sum(Xj, Xj)
             lam = np.linalg.eigvalsh(np.asarray(S[0] + S[1]))[0]
             lam_min = float(lam_plan.release(k_lam, lam)) - shift
             lam_sum += max(0.0, S_plan.scale * math.sqrt(d * math.log(2 * d**2 / rho))
                            - max(lam_min, 0.0))
             S_sum += symmetric_from_upper(S_plan.release(k_S, *upper_triangle(S)), d)
-            z_sum += z_plan.release(k_z, *xty_statistic(X[b], y[b]))
+            z_sum += z_plan.release(k_z, *xty_statistic(Xj, yj))
         return np.linalg.solve(S_sum + lam_sum * np.eye(d), z_sum)
 
     theta = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger, what="adassp")

@@ -9,9 +9,15 @@ NumPyro's NUTS on a noise-aware model) is post-processing and costs nothing
 more.
 
 Sensitivities are taken from explicit a-priori bounds and the neighbourhood
-relation: a bound computed from the data would itself depend on the
-rows it is meant to hide, so :func:`clip_rows` refuses one that equals the
-data's own extreme.
+relation.  A mechanism never looks at the rows to decide whether to run: rows
+beyond their bound are projected onto it (:func:`clip_rows`, part of every
+mechanism that takes rows), a category code outside the codebook is reported
+as the nearest code (:func:`randomized_response`), and an error names public
+facts only (shapes, dtypes, arguments).  The one exception is NaN or inf,
+which lie outside every data domain: they are refused before anything is
+charged, and that refusal says that some row holds one (clean the data before
+a private analysis).  A bound computed from the data is the caller's
+responsibility: it makes the noise scale a statistic of the rows.
 
 Floating point (Mironov 2012).  Every release goes through :func:`secret_release`
 and a :class:`GridPlan`:
@@ -367,37 +373,69 @@ def gram_sensitivity(x_bound: float, neighbourhood: str = "substitute") -> float
     return b2 * (math.sqrt(2.0) if check_neighbourhood(neighbourhood) == "substitute" else 1.0)
 
 
-def clip_rows(x, bound: float, clip: bool, name: str = "x") -> np.ndarray:
-    """Rows of ``x`` (one scalar or vector per row) bounded in l2 norm by ``bound``.
+def clip_rows(x, bound: float, name: str = "x") -> np.ndarray:
+    """Rows of ``x`` (one scalar or vector per row) projected onto the l2 ball of radius ``bound``.
 
-    Rows beyond the bound are projected onto it only when ``clip=True``; the
-    projection is part of the mechanism and keeps its sensitivity valid.
-    A bound equal to the data's own largest norm is refused: it was computed
-    from the data, so the noise scale would reveal the most extreme row.
+    A row of norm above ``bound`` is scaled onto it; the others are unchanged.
+    The projection is part of the mechanism (its sensitivity assumes it), so
+    it is applied to every row whatever the data hold and never raises on a
+    row's value: an error or a warning that depended on whether some row
+    exceeds the bound would tell the rows apart for free.  ``bound`` must be
+    fixed without looking at the data (a measurement range, a codebook limit,
+    a published scale).  Non-finite values are refused (:func:`check_finite`).
     """
     bound = check_bound(f"{name}_bound", bound)
-    x = np.asarray(x, np.float64)
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"{name} holds NaN or inf; remove or impute them first.")
+    x = check_finite(np.asarray(x, np.float64), name)
     norms = np.abs(x) if x.ndim == 1 else np.linalg.norm(x.reshape(len(x), -1), axis=1)
-    largest = float(norms.max(initial=0.0))
-    if math.isclose(bound, largest, rel_tol=1e-9):
+    scale = np.minimum(1.0, bound / np.maximum(norms, np.finfo(np.float64).tiny))
+    return x * (scale if x.ndim == 1 else scale.reshape((-1,) + (1,) * (x.ndim - 1)))
+
+
+def check_finite(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` if it holds no NaN or inf; otherwise a refusal that names the array only.
+
+    NaN and inf lie outside every data domain, so no bound or projection can
+    make them private.  The refusal comes before anything is charged and is
+    not private: it says that some row holds one (never which, or how many).
+    """
+    if not np.all(np.isfinite(x)):
         raise ValueError(
-            f"{name}_bound equals the largest norm in the data: a bound computed from "
-            "the data makes the sensitivity, hence the noise, depend on the rows it "
-            "should hide (the guarantee no longer holds). Fix it from public knowledge "
-            "(measurement ranges, a codebook, a published scale) and clip=True."
+            f"{name} holds NaN or inf, which lie outside the data domain: remove or impute "
+            "those rows before a private analysis (an imputation fitted on the private "
+            "rows must be privatised itself). This refusal is not private: it tells "
+            "whoever sees it that some row holds NaN or inf."
         )
-    if largest > bound:
-        if not clip:
-            raise ValueError(
-                f"Some rows of {name} exceed {name}_bound={bound}: pass clip=True to "
-                "project them onto the bound (part of the mechanism), or state a larger "
-                "a-priori bound."
-            )
-        scale = np.minimum(1.0, bound / np.maximum(norms, 1e-300))
-        x = x * (scale if x.ndim == 1 else scale.reshape((-1,) + (1,) * (x.ndim - 1)))
     return x
+
+
+def planned_rows(num_rows: int, neighbourhood: str, max_rows: int | None) -> int:
+    """The row count that a release's noise and grid are sized for: public facts only.
+
+    Under ``"substitute"`` the number of rows ``n`` is public (a neighbour has
+    as many), so the release is sized for ``n``; ``max_rows``, if given, must
+    be at least ``n``.  Under ``"add_remove"`` ``n`` is what a neighbour
+    changes, so nothing published may depend on it: the release is sized for
+    ``max_rows``, a public upper bound on the rows (e.g. the population a
+    sample is drawn from), which is then required.  A data set with more rows
+    than ``max_rows`` lies outside the stated domain and is refused (a
+    refusal that says so, and nothing more).
+    """
+    check_neighbourhood(neighbourhood)
+    if max_rows is not None and not (isinstance(max_rows, (int, np.integer)) and max_rows >= 1):
+        raise ValueError(f"max_rows={max_rows!r} must be a positive integer.")
+    if neighbourhood == "add_remove" and max_rows is None:
+        raise ValueError(
+            "Under neighbourhood='add_remove' the number of rows is private (it is what a "
+            "neighbour changes), so the noise cannot be sized for it: pass max_rows=, a "
+            "public upper bound on the rows (of each holder), fixed without looking at the "
+            "data, e.g. the size of the population they are drawn from."
+        )
+    if max_rows is not None and num_rows > max_rows:
+        raise ValueError(
+            f"The data have more rows than max_rows={max_rows}: raise max_rows to a public "
+            "bound that holds (the release is sized for it)."
+        )
+    return int(max_rows) if neighbourhood == "add_remove" else int(num_rows)
 
 
 # ------------------------------------------------------------- calibration
@@ -508,9 +546,7 @@ def gaussian_mechanism(
     check_neighbourhood(neighbourhood)
     sensitivity = check_bound("sensitivity", sensitivity)
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier, method)
-    value = np.asarray(value, np.float64)
-    if not np.all(np.isfinite(value)):
-        raise ValueError("value holds NaN or inf: there is nothing finite to release.")
+    value = check_finite(np.asarray(value, np.float64), "value")
     plan = grid_plan(z, sensitivity, value.size)
     entry = release_entry(name, dpa.GaussianDpEvent(z), reproducible_noise)
     released = secret_release(
@@ -529,27 +565,30 @@ def gram_mechanism(
     delta: float | None = None,
     noise_multiplier: float | None = None,
     neighbourhood: str = "substitute",
-    clip: bool = False,
+    max_rows: int | None = None,
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
 ) -> Release:
     """Release ``X^T X + sigma M`` with ``M`` symmetric, upper triangle iid N(0, 1).
 
+    Rows are projected onto the ball of radius ``x_bound`` (:func:`clip_rows`).
     The released quantity is the upper triangle (the rest is its mirror),
     computed by :func:`row_product_sum`, with sensitivity
     :func:`gram_sensitivity` plus its computation and grid rounding
-    (:func:`gram_plan`); sigma is calibrated analytically.  ``delta`` must be
-    below ``1 / n``.  The release need not be positive semi-definite.
-    ``ledger`` and ``reproducible_noise`` as in :func:`gaussian_mechanism`.
+    (:func:`gram_plan`); sigma is calibrated analytically.  The release need
+    not be positive semi-definite.  ``max_rows`` (required under
+    ``"add_remove"``, where n is private) and the ``delta`` check: see
+    :func:`planned_rows`.  ``ledger`` and ``reproducible_noise`` as in
+    :func:`gaussian_mechanism`.
     """
-    check_neighbourhood(neighbourhood)
-    x = clip_rows(x, x_bound, clip)
-    if x.ndim != 2:
-        raise ValueError(f"x must be an (n, d) array of rows; got shape {x.shape}.")
-    n, d = x.shape
-    check_delta_for_rows(delta, n)
+    if np.ndim(x) != 2:
+        raise ValueError(f"x must be an (n, d) array of rows; got shape {np.shape(x)}.")
+    n, d = np.shape(x)
+    rows = planned_rows(n, neighbourhood, max_rows)
+    check_delta_for_rows(delta, rows)
+    x = clip_rows(x, x_bound)
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
-    plan = gram_plan(z, n, d, x_bound, neighbourhood)
+    plan = gram_plan(z, rows, d, x_bound, neighbourhood)
     entry = release_entry("GramMechanism", dpa.GaussianDpEvent(z), reproducible_noise)
 
     def draw(key):
@@ -586,9 +625,7 @@ def laplace_mechanism(
         check_budget(epsilon, None)
         noise_multiplier = 1.0 / epsilon
     z = check_bound("noise_multiplier", noise_multiplier)
-    value = np.asarray(value, np.float64)
-    if not np.all(np.isfinite(value)):
-        raise ValueError("value holds NaN or inf: there is nothing finite to release.")
+    value = check_finite(np.asarray(value, np.float64), "value")
     plan = grid_plan(z, l1_sensitivity, value.size, noise="laplace")
     entry = release_entry("LaplaceMechanism", dpa.LaplaceDpEvent(z), reproducible_noise)
     released = secret_release(
@@ -610,7 +647,9 @@ def randomized_response(
 ) -> Release:
     """Randomized response on each row's category in ``{0, ..., num_buckets - 1}``.
 
-    Each row keeps its value with probability ``1 - p`` and is otherwise
+    A code below 0 or above ``num_buckets - 1`` is reported as 0 or
+    ``num_buckets - 1`` (never refused: a refusal would reveal the largest
+    code).  Each row keeps its value with probability ``1 - p`` and is otherwise
     replaced by a uniform draw, so ``epsilon = ln(1 + k (1 - p) / p)`` and
     ``p = k / (e^epsilon + k - 1)``.  A row only moves its own output, so the
     whole vector costs one release.  Substitute neighbourhood only: under
@@ -632,11 +671,14 @@ def randomized_response(
     if not 0 < noise_parameter <= 1:
         raise ValueError(f"noise_parameter={noise_parameter} must lie in (0, 1].")
     values = np.asarray(values)
-    if not (np.issubdtype(values.dtype, np.integer) and values.min(initial=0) >= 0
-            and values.max(initial=0) < num_buckets):
+    if not np.issubdtype(values.dtype, np.integer):
         raise ValueError(
-            f"values must be integers in 0..{num_buckets - 1} (category codes)."
+            f"values must be integer category codes in 0..{num_buckets - 1}; got dtype "
+            f"{values.dtype}. Encode the categories as integers first."
         )
+    # A code outside the codebook is reported as the nearest code (a public rule, the
+    # projection of the other mechanisms): refusing it would reveal the largest code.
+    values = np.clip(values, 0, num_buckets - 1)
     threshold = math.ceil(noise_parameter * 2.0**32)  # exact: p 2^32 is a scaling
     entry = release_entry(
         "RandomizedResponse", dpa.RandomizedResponseDpEvent(noise_parameter, num_buckets),
