@@ -173,9 +173,12 @@ def holder_rows(X, y) -> list[tuple[np.ndarray, np.ndarray]]:
     for j, (Xj, yj) in enumerate(pairs):
         Xj, yj = np.asarray(Xj, np.float64), np.asarray(yj, np.float64)
         if Xj.ndim != 2 or Xj.shape[1] != d or yj.shape != (len(Xj),):
+            # Under add/remove a holder's row count is private: the message names the
+            # other dimensions only.
             raise ValueError(
                 f"Holder {j}: X must be (n_j, d) with the same d for every holder and y "
-                f"(n_j,); got {Xj.shape} and {yj.shape}."
+                f"(n_j,) with as many rows; got X with {Xj.ndim} axes and columns "
+                f"{Xj.shape[1:]}, y with {yj.ndim} axes."
             )
         out.append((Xj, yj))
     return out
