@@ -23,6 +23,7 @@ from jax import random
 
 import numpyro_dp as ndp
 from numpyro_dp import accounting as acc
+from numpyro_dp.accounting import lower_bound
 from numpyro_dp.accounting.keyring import LedgerKey, default_key_path
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, event_from_json, event_to_json
 from numpyro_dp.accounting.rdp import BarkerDpEvent
@@ -206,6 +207,34 @@ def test_charge_refuses_what_the_budget_cannot_pay(tmp_path, kind):
     ledger.record(gauss(iterations=1))  # unchecked, as before
     assert len(ledger.entries) == 3
     assert "budget" in repr(ledger)
+
+
+def test_a_charge_clearly_over_the_budget_is_refused_before_any_pld(tmp_path, monkeypatch):
+    """Issue 36: the lower bound refuses under the lock without composing a PLD, and
+    nothing is written; where it is inconclusive the charged figure decides."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.open(path, delta=1e-5, neighbourhood="add_remove", epsilon=8.0)
+    ledger.charge(gauss(z=20.0))
+    before = path.read_bytes()
+    sampled = dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(2.0))
+    sgd = LedgerEntry("DPSGLD", "sample", 4, 5000, sampled, dpa.SelfComposedDpEvent(sampled, 5000))
+
+    def no_pld(*args):
+        raise AssertionError("a PLD was composed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(acc.accountants, "_composed_pld", no_pld)
+        with pytest.raises(acc.PrivacyBudgetError, match="to at least [0-9.]+ > budget 8 .*"
+                           "spent so far: at most 0.16\\). Nothing was recorded"):
+            ledger.charge(sgd)
+    assert path.read_bytes() == before
+    # 1000 releases: the bound (7.8) is below the budget, the charged figure (8.3) above.
+    close = LedgerEntry("DPSGLD", "sample", 1, 1000, sampled,
+                        dpa.SelfComposedDpEvent(sampled, 1000))
+    assert lower_bound.epsilon_lower_bound(ledger.event([close]), 1e-5, "add_remove") < 8.0
+    with pytest.raises(acc.PrivacyBudgetError, match="spent to 8.2[0-9]* > budget 8"):
+        ledger.charge(close)
+    assert path.read_bytes() == before
 
 
 def test_a_stored_budget_holds_after_reopening(tmp_path):

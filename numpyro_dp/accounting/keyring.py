@@ -133,9 +133,15 @@ class LedgerKey:
         Called under the ledger's lock, so seals follow the file's order.
         """
         path = self.seal_path(ledger_id)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as err:
+            raise LedgerKeyError(
+                f"Cannot write the ledger's seal in {path.parent} ({err.strerror}): seals "
+                "live next to the key, so keep the key in a directory you can write."
+            ) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump({"lines": lines, "tag": tag}, f)

@@ -69,7 +69,9 @@ from numpyro_dp.accounting import (
     epsilon_spent,
     noise_multipliers,
 )
+from numpyro_dp.accounting.accountants import QUICK_PLD_INTERVAL
 from numpyro_dp.accounting.keyring import LedgerKey, LedgerKeyError
+from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.accounting.rdp import BarkerDpEvent
 
 try:
@@ -333,6 +335,14 @@ class PrivacyLedger:
         """Epsilon (rounded up) of every entry and ``extra`` together."""
         return self._epsilon_of([*self.entries, *extra])
 
+    def spent_so_far(self, entries: Sequence[LedgerEntry] | None = None) -> str:
+        """What ``entries`` (default: the ledger's) spent, as a refusal quotes it: a
+        quick upper bound (a PLD, where one is needed, composed in one pass on a
+        coarse grid), since the charged figure can take seconds to compose."""
+        entries = self.entries if entries is None else entries
+        return f"at most {self._epsilon_of(entries, quick=True):.4g}" if entries else "0"
+
+
     def record(self, entry: LedgerEntry) -> None:
         """Append ``entry`` without checking any budget."""
         if self._file is None:
@@ -394,8 +404,9 @@ class PrivacyLedger:
         )
 
     # ------------------------------------------------------------ helpers
-    def _epsilon_of(self, entries: Sequence[LedgerEntry]) -> float:
-        return epsilon_spent(_compose(entries), self.delta, self.neighbourhood, self.accountant)
+    def _epsilon_of(self, entries: Sequence[LedgerEntry], quick: bool = False) -> float:
+        return epsilon_spent(_compose(entries), self.delta, self.neighbourhood, self.accountant,
+                             QUICK_PLD_INTERVAL if quick else None)
 
     def _limit(self, budget: float | None) -> float | None:
         check_budget(budget, None)
@@ -406,8 +417,8 @@ class PrivacyLedger:
         self, entries: Sequence[LedgerEntry], entry: LedgerEntry, limit: float | None
     ) -> float:
         """Epsilon of ``entries`` and ``entry``; raise if it exceeds ``limit``."""
-        choice = choose_accountant(_compose([*entries, entry]), self.accountant,
-                                   self.neighbourhood)
+        total = [*entries, entry]
+        choice = choose_accountant(_compose(total), self.accountant, self.neighbourhood)
         if choice.reason is not None:
             warnings.warn(
                 f"accountant={self.accountant!r} cannot charge {entry.kernel} {entry.phase}: "
@@ -415,15 +426,23 @@ class PrivacyLedger:
                 f"pass accountant={choice.accountant!r} or 'auto' to say so yourself.",
                 AccountantWarning, stacklevel=4,
             )
-        after = self._epsilon_of([*entries, entry])
+        if limit is not None:  # a lower bound above the budget refuses before any PLD
+            lower = epsilon_lower_bound(_compose(total), self.delta, self.neighbourhood)
+            if lower > limit:
+                raise self._refusal(entry, f"at least {lower:.6g}", limit, entries)
+        after = self._epsilon_of(total)
         if limit is not None and after > limit:
-            raise PrivacyBudgetError(
-                f"Charging {entry.kernel} {entry.phase} ({entry.num_chains} chain(s) x "
-                f"{entry.num_iterations} iterations) would bring the epsilon spent to "
-                f"{after:.6g} > budget {limit:.6g} (delta={self.delta:.3g}; spent so far: "
-                f"{self._epsilon_of(entries) if entries else 0.0:.6g}). Nothing was recorded."
-            )
+            raise self._refusal(entry, f"{after:.6g}", limit, entries)
         return after
+
+    def _refusal(self, entry: LedgerEntry, after: str, limit: float,
+                 entries: Sequence[LedgerEntry]) -> PrivacyBudgetError:
+        return PrivacyBudgetError(
+            f"Charging {entry.kernel} {entry.phase} ({entry.num_chains} chain(s) x "
+            f"{entry.num_iterations} iterations) would bring the epsilon spent to "
+            f"{after} > budget {limit:.6g} (delta={self.delta:.3g}; spent so far: "
+            f"{self.spent_so_far(entries)}). Nothing was recorded."
+        )
 
 
 def _compose(entries: Sequence[LedgerEntry]) -> dpa.DpEvent:
