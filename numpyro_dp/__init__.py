@@ -34,6 +34,7 @@ from numpyro_dp.accounting import (
     epsilon_spent,
     max_iterations,
 )
+from numpyro_dp.accounting.keyring import LedgerKeyError
 from numpyro_dp.accounting.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
 from numpyro_dp.evaluation import diagnostics, models
 from numpyro_dp.inference_data import to_datatree, to_inference_data
@@ -90,6 +91,7 @@ __all__ = [
     "DPSGInfo",
     "DPSGState",
     "LedgerCorruptedError",
+    "LedgerKeyError",
     "MH",
     "MHAAR",
     "MixingReport",

@@ -23,6 +23,7 @@ from numpyro_dp.accounting import (
     max_iterations,
 )
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
+from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
 from numpyro_dp.model.adapter import tabular_to_numpy
@@ -60,11 +61,8 @@ from numpyro_dp.tuning import (
 #: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
 #: need more noise than this is refused (its draws would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
-#: PLD grid of the quick budget check (an upper bound on the charged epsilon).
+#: PLD grid of a plan's epsilon (an upper bound on the charged epsilon).
 PLANNING_PLD_INTERVAL = 1e-3
-#: A call whose quick epsilon exceeds the budget by more than this is refused
-#: without composing the final-precision PLD.
-QUICK_REFUSAL_MARGIN = 0.01
 #: Folded into the user's key to give the tuning releases their own public keys.
 TUNING_KEY_TAG = 0x74756E65
 #: Chains start at the warm start plus this many times its dispersion (per
@@ -477,36 +475,35 @@ class PrivateMCMC(MCMC):
             total, self.epsilon, self.delta, ledger.neighbourhood, ledger.accountant, upper=cap
         )
 
-    def _fits(self, entries: list[LedgerEntry]) -> tuple[bool, float]:
-        """Whether ``entries`` fit the budget, and the epsilon after them (upper bound).
+    def _fits(self, entries: list[LedgerEntry]) -> tuple[bool, str]:
+        """Whether ``entries`` fit the budget, and the epsilon after them as a refusal
+        quotes it.
 
-        A fast PLD bound decides clear cases; the final figure is composed only
-        when the answer is close (within 1% of the budget).
+        A lower bound above the budget refuses at once, without composing a PLD
+        (:func:`~numpyro_dp.accounting.lower_bound.epsilon_lower_bound`); else
+        the figure the charge will be (composed once: the charge finds it cached).
         """
         ledger = self._ledger
-        quick = epsilon_spent(ledger.event(entries), ledger.delta, ledger.neighbourhood,
-                              ledger.accountant, PLANNING_PLD_INTERVAL)
-        if quick <= self.epsilon:
-            return True, quick
-        if quick > self.epsilon * (1.0 + QUICK_REFUSAL_MARGIN):
-            return False, quick
+        lower = epsilon_lower_bound(ledger.event(entries), ledger.delta, ledger.neighbourhood)
+        if lower > self.epsilon:
+            return False, f"at least {lower:.6g}"
         after = ledger.epsilon(entries)
-        return after <= self.epsilon, after
+        return after <= self.epsilon, f"{after:.6g}"
 
-    def _over_budget(self, iterations: int, start: int, z, after: float) -> PrivacyBudgetError:
+    def _over_budget(self, iterations: int, start: int, z, after: str) -> PrivacyBudgetError:
         kernel = self.sampler
-        spent = self._ledger.epsilon() if self._ledger.entries else 0.0
         affordable = max_iterations(
             lambda k: kernel.run_event(k, start, z), self.epsilon, self.delta,
             self.num_chains, self._ledger.neighbourhood, self._ledger.accountant,
-            spent=self._ledger.event(),
+            spent=self._ledger.event(), precision="coarse",
         )
         return PrivacyBudgetError(
             f"This call would run {self.num_chains} chain(s) x {iterations} "
-            f"iterations and bring the total to epsilon={after:.6g} > budget "
+            f"iterations and bring the epsilon spent to {after} > budget "
             f"{self.epsilon:.6g} (delta={self.delta:.3g}; spent so far: "
-            f"{spent:.4g}). The budget affords {affordable} more iterations per "
-            f"chain at this noise level: {kernel.budget_advice()}."
+            f"{self._ledger.spent_so_far()}). The budget affords at least {affordable} more "
+            f"iterations per chain at this noise level (mcmc.plan() gives a closer figure): "
+            f"{kernel.budget_advice()}."
         )
 
     def _entry(self, iterations: int, phase: str, start: int, z) -> LedgerEntry:
@@ -607,7 +604,8 @@ class PrivateMCMC(MCMC):
             for e in [*pending, entry]:
                 self._ledger.charge(e, budget=self.epsilon)
         except PrivacyBudgetError as err:  # another process charged in the meantime
-            raise self._over_budget(iterations, start, z, self._ledger.epsilon([entry])) from err
+            after = f"{self._ledger.epsilon([entry]):.6g}"
+            raise self._over_budget(iterations, start, z, after) from err
         # Bound only once something is charged: a refused run leaves the kernel free.
         kernel._charged_by = self
         if calibrated is not None:

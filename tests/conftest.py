@@ -21,6 +21,16 @@ def no_default_warm_start(request, monkeypatch):
         monkeypatch.setattr(numpyro_dp.mcmc, "auto_warm_start_share", lambda *a, **k: 0.0)
 
 
+@pytest.fixture(autouse=True)
+def ledger_keys(tmp_path_factory, monkeypatch):
+    """Ledger keys and seals in a fresh directory of each test, never the user's own
+    (``~/.config/numpyro-dp``); subprocesses inherit it.  Returns the directory."""
+    config = tmp_path_factory.mktemp("config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.delenv("NUMPYRO_DP_KEY_FILE", raising=False)
+    return config / "numpyro-dp"
+
+
 @pytest.fixture(scope="session")
 def logistic_data():
     return make_logistic_data(2000, 3)

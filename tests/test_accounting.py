@@ -37,7 +37,8 @@ from scipy.optimize import brentq
 from scipy.special import erfc
 
 from numpyro_dp import accounting as acc
-from numpyro_dp.accounting import accountants
+from numpyro_dp.accounting import accountants, lower_bound
+from numpyro_dp.accounting.rdp import BarkerDpEvent
 
 ADD_REMOVE = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -763,7 +764,89 @@ def test_calibration_goes_through_dp_accountings_search(monkeypatch):
     assert acc.epsilon_spent(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 100), 1e-6) <= 1.0
     assert acc.epsilon_spent(dpa.SelfComposedDpEvent(
         dpa.GaussianDpEvent(z * (1 - 1e-5)), 100), 1e-6) > 1.0
-    k = acc.max_iterations(POISSON, 1.0, 1e-6, exact=True)
+    k = acc.max_iterations(POISSON, 1.0, 1e-6, precision="exact")
     assert acc.epsilon_spent(dpa.SelfComposedDpEvent(POISSON, k), 1e-6) <= 1.0
     assert acc.epsilon_spent(dpa.SelfComposedDpEvent(POISSON, k + 1), 1e-6) > 1.0
     assert calls.count(False) == 1 and calls.count(True) >= 1
+
+
+# ------------------------------------------------ the lower bound that refuses
+def _truncated(n, b, z):
+    return dpa.TruncatedSubsampledGaussianDpEvent(n, b / n, int(b + 4 * math.sqrt(b) + 2), z)
+
+
+LOWER_BOUND_CASES = [
+    # (event, neighbourhood, least ratio to the charged figure: the bound is useful)
+    (dpa.SelfComposedDpEvent(_truncated(2000, 100, 2.0), 500), "substitute", 0.95),
+    (dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0)), 3000),
+     "substitute", 0.95),
+    (dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(2.0)), 1000),
+     "add_remove", 0.9),
+    (dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.4, dpa.GaussianDpEvent(1.3)), 2),
+     "add_remove", 0.95),
+    (dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(3.0), 40), "substitute", 0.999999),
+    (dpa.ComposedDpEvent([  # a ledger of runs: Gaussians and sampled groups
+        dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(30.0), 10),
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(0.8)), 200),
+        dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.05, dpa.GaussianDpEvent(1.2)), 100),
+        dpa.SelfComposedDpEvent(_truncated(10**4, 100, 1.0), 50),
+    ]), "substitute", 0.6),
+    (dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 3),
+                          dpa.LaplaceDpEvent(0.5), dpa.RandomizedResponseDpEvent(0.5, 2)]),
+     "substitute", 0.5),  # one-shot releases: the Gaussians alone
+    (dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(
+        10**4, 100, dpa.GaussianDpEvent(0.7)), 500), "substitute", 0.15),  # vs WBK's RDP
+    (dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(
+        10**4, 100, BarkerDpEvent(100)), 500), "substitute", 0.0),  # no bound known: 0
+]
+
+
+@pytest.mark.parametrize("event,neighbourhood,ratio", LOWER_BOUND_CASES)
+def test_the_lower_bound_never_exceeds_the_charged_epsilon(event, neighbourhood, ratio):
+    """A refusal on the lower bound must be one the accountant would make (issue 36):
+    the bound stays below the charged figure, for every accountant, and close enough
+    to refuse what is clearly over budget."""
+    for delta in (1e-5, 1e-9):
+        lower = lower_bound.epsilon_lower_bound(event, delta, neighbourhood)
+        charged = acc.epsilon_spent(event, delta, neighbourhood)
+        assert ratio * charged <= lower <= charged
+        if not acc.choose_accountant(event, "rdp", neighbourhood).reason:
+            assert lower <= acc.epsilon_spent(event, delta, neighbourhood, "rdp")
+
+
+def test_the_lower_bound_is_fast_however_many_releases():
+    """The refusal of issue 36 took 8.2 s; its bound costs milliseconds even for 10^9
+    releases, whose PLD would take minutes, and grows with them."""
+    leaf = _truncated(2000, 30, 0.4743)
+    bounds = []
+    for count in (10**3, 10**5, 10**7, 10**9):
+        start = time.perf_counter()
+        bounds.append(lower_bound.epsilon_lower_bound(dpa.SelfComposedDpEvent(leaf, count), 1e-6))
+        elapsed = time.perf_counter() - start
+        print(f"{count} releases: lower bound {bounds[-1]:.4g} in {elapsed:.3f} s")
+        assert elapsed < 1.0
+    assert bounds == sorted(bounds) and bounds[0] > 1
+
+
+@pytest.mark.parametrize("mu", [1e-6, 0.01, 1.0, 30.0, 1e4])
+def test_gaussian_epsilon_rounds_either_way(mu):
+    for delta in (1e-3, 1e-10):
+        down = acc.gaussian_epsilon(mu, delta, rounding="down")
+        up = acc.gaussian_epsilon(mu, delta)
+        assert down <= up and up - down <= 1e-9 * (1 + up)
+        if down > 0:  # the exact delta at the rounded-down epsilon is above delta
+            assert acc.gaussian_log_delta(down, mu) > math.log(delta)
+    with pytest.raises(ValueError, match="rounding"):
+        acc.gaussian_epsilon(1.0, 1e-5, rounding="nearest")
+
+
+def test_max_iterations_precisions_never_exceed_what_is_affordable():
+    per = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0))
+    coarse, close = (acc.max_iterations(per, 2.0, 1e-6, precision=p) for p in ("coarse", "close"))
+    assert 0 < coarse <= close and coarse >= 0.8 * close  # 1710 and 1990
+    assert acc.epsilon_spent(dpa.SelfComposedDpEvent(per, close), 1e-6) <= 2.0
+    gauss = dpa.GaussianDpEvent(5.0)  # no PLD: exact whatever the precision
+    assert len({acc.max_iterations(gauss, 30.0, 1e-6, precision=p)
+                for p in ("coarse", "close", "exact")}) == 1
+    with pytest.raises(ValueError, match="precision"):
+        acc.max_iterations(per, 2.0, 1e-6, precision="fast")

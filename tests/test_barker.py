@@ -154,7 +154,7 @@ def test_budget_is_charged_and_an_unaffordable_run_refused_before_running():
     assert affordable == barker_max_iterations(20_000, 500, 5.0, 1e-6, num_chains=2)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=affordable + 1, num_chains=2,
                            epsilon=5.0, delta=1e-6, progress_bar=False)
-    with pytest.raises(ndp.PrivacyBudgetError, match=f"affords {affordable} more"):
+    with pytest.raises(ndp.PrivacyBudgetError, match=f"affords at least {affordable} more"):
         mcmc.run(jax.random.PRNGKey(0), x)
     assert mcmc.privacy_spent().epsilon == 0 and mcmc.last_state is None
 

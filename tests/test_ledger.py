@@ -1,10 +1,14 @@
 """The persistent privacy ledger: round trips, budget, tamper evidence, concurrency."""
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import json
 import os
 import pickle
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -19,6 +23,8 @@ from jax import random
 
 import numpyro_dp as ndp
 from numpyro_dp import accounting as acc
+from numpyro_dp.accounting import lower_bound
+from numpyro_dp.accounting.keyring import LedgerKey, default_key_path
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, event_from_json, event_to_json
 from numpyro_dp.accounting.rdp import BarkerDpEvent
 from numpyro_dp.releases import mechanisms as mech
@@ -149,10 +155,12 @@ def test_file_format(tmp_path):
     PrivacyLedger.open(path, delta=DELTA, neighbourhood="add_remove", epsilon=2.5).charge(
         gauss(label="first"))
     header, entry = (json.loads(line) for line in path.read_text("utf-8").splitlines())
-    assert header["format"] == "numpyro-dp-ledger" and header["version"] == 1
+    assert header["format"] == "numpyro-dp-ledger" and header["version"] == 2
     assert (header["delta"], header["neighbourhood"], header["accountant"],
             header["epsilon"]) == (DELTA, "add_remove", "auto", 2.5)
-    assert header["prev"] == "0" * 64 and entry["prev"] == header["hash"]
+    assert len(header["id"]) == 32 and header["key_id"] == LedgerKey.load().id
+    assert header["prev"] == "0" * 64 and entry["prev"] == header["tag"]
+    assert len(entry["tag"]) == 64
     assert entry["per_iteration"] == {"type": "GaussianDpEvent", "noise_multiplier": 32.0}
     assert entry["label"] == "first" and entry["time"].endswith("+00:00")
     assert len(entry["id"]) == 36
@@ -199,6 +207,34 @@ def test_charge_refuses_what_the_budget_cannot_pay(tmp_path, kind):
     ledger.record(gauss(iterations=1))  # unchecked, as before
     assert len(ledger.entries) == 3
     assert "budget" in repr(ledger)
+
+
+def test_a_charge_clearly_over_the_budget_is_refused_before_any_pld(tmp_path, monkeypatch):
+    """Issue 36: the lower bound refuses under the lock without composing a PLD, and
+    nothing is written; where it is inconclusive the charged figure decides."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.open(path, delta=1e-5, neighbourhood="add_remove", epsilon=8.0)
+    ledger.charge(gauss(z=20.0))
+    before = path.read_bytes()
+    sampled = dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(2.0))
+    sgd = LedgerEntry("DPSGLD", "sample", 4, 5000, sampled, dpa.SelfComposedDpEvent(sampled, 5000))
+
+    def no_pld(*args):
+        raise AssertionError("a PLD was composed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(acc.accountants, "_composed_pld", no_pld)
+        with pytest.raises(acc.PrivacyBudgetError, match="to at least [0-9.]+ > budget 8 .*"
+                           "spent so far: at most 0.16\\). Nothing was recorded"):
+            ledger.charge(sgd)
+    assert path.read_bytes() == before
+    # 1000 releases: the bound (7.8) is below the budget, the charged figure (8.3) above.
+    close = LedgerEntry("DPSGLD", "sample", 1, 1000, sampled,
+                        dpa.SelfComposedDpEvent(sampled, 1000))
+    assert lower_bound.epsilon_lower_bound(ledger.event([close]), 1e-5, "add_remove") < 8.0
+    with pytest.raises(acc.PrivacyBudgetError, match="spent to 8.2[0-9]* > budget 8"):
+        ledger.charge(close)
+    assert path.read_bytes() == before
 
 
 def test_a_stored_budget_holds_after_reopening(tmp_path):
@@ -285,6 +321,162 @@ def test_a_replaced_file_is_not_taken_for_the_opened_ledger(tmp_path):
     os.replace(other, path)
     with pytest.raises(ndp.LedgerCorruptedError, match="line 1: .*replaced"):
         ledger.charge(gauss())
+
+
+# ------------------------------------------------- keys: edits with recomputed tags
+def spent_ledger(path):
+    """Budget 1: a release of epsilon 0.9 and a small run; what an analyst would edit."""
+    ledger = PrivacyLedger.open(path, delta=DELTA, epsilon=1.0)
+    mech.gaussian_mechanism(random.PRNGKey(0), 0.0, 1.0, epsilon=0.9, delta=DELTA, ledger=ledger)
+    ledger.charge(gauss(z=50.0))
+    assert 0.9 < ledger.epsilon() <= 1.0
+    return ledger
+
+
+def forge(path, tag):
+    """Remove the 0.9 release, raise the budget to 100 and recompute every line's tag
+    with ``tag(prev, canonical content)``: what a hand edit of the file can do."""
+    records = [json.loads(line) for line in lines(path)]
+    del records[1]
+    records[0]["epsilon"] = 100.0
+    prev, out = "0" * 64, []
+    for record in records:
+        content = {k: v for k, v in record.items() if k not in ("prev", "tag")}
+        record = {**content, "prev": prev, "tag": tag(prev, json.dumps(
+            content, sort_keys=True, separators=(",", ":"), ensure_ascii=False))}
+        out.append(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+        prev = record["tag"]
+    path.write_text("".join(out), "utf-8")
+
+
+def sha256(prev, content):
+    return hashlib.sha256((prev + content).encode("utf-8")).hexdigest()
+
+
+def test_an_edit_with_recomputed_hashes_is_detected(tmp_path, ledger_keys):
+    """The attack of issue 36 on the unkeyed chain: remove a 0.9-epsilon entry and raise
+    the budget from 1 to 100, recomputing the SHA-256 chain.  It reopened without error;
+    under a key it does not verify, whoever's tags were recomputed."""
+    path = tmp_path / "ledger.jsonl"
+    spent_ledger(path)
+    original = path.read_bytes()
+    forge(path, sha256)
+    with pytest.raises(ndp.LedgerCorruptedError, match="line 1: its content does not match"):
+        PrivacyLedger.open(path)
+    # Tags under a key of the analyst's own: refused as edited, or as written with another key.
+    other = LedgerKey.load(tmp_path / "other.key", create=True)
+    path.write_bytes(original)
+    forge(path, other.tag)
+    with pytest.raises(ndp.LedgerCorruptedError, match="line 1: its content does not match"):
+        PrivacyLedger.open(path)
+    text = path.read_text("utf-8").replace(LedgerKey.load().id, other.id)
+    path.write_text(text, "utf-8")
+    forge(path, other.tag)
+    with pytest.raises(ndp.LedgerKeyError, match=f"key id '{other.id}'.*has id "
+                       f"'{LedgerKey.load().id}': pass the right key file"):
+        PrivacyLedger.open(path)
+    path.write_bytes(original)
+    assert len(PrivacyLedger.open(path).entries) == 2
+
+
+def test_with_the_key_the_seal_still_tells_then_nothing_does(tmp_path, ledger_keys):
+    """The threat model's edge: the key forges tags, and this user's seal (what they
+    last read) still reveals the edit; with the seals taken too, nothing does."""
+    path = tmp_path / "ledger.jsonl"
+    spent_ledger(path)
+    ledger_id = json.loads(lines(path)[0])["id"]
+    key = LedgerKey.load()
+    forge(path, key.tag)
+    with pytest.raises(ndp.LedgerCorruptedError, match="cut off its end"):
+        PrivacyLedger.open(path)
+    key.seal_path(ledger_id).unlink()
+    forged = PrivacyLedger.open(path)  # undetectable: the analyst held the key
+    assert forged.budget == 100.0 and forged.epsilon() < 0.1 and len(forged.entries) == 1
+
+
+def test_lines_cut_off_or_a_restored_backup_are_detected(tmp_path, ledger_keys, monkeypatch):
+    """Tags cannot reveal lines cut off the end; the seal of what this user last read can."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.open(path, delta=DELTA, epsilon=50.0)
+    ledger.charge(gauss(30.0))
+    backup = path.read_bytes()
+    ledger.charge(gauss(40.0))
+    latest = path.read_bytes()
+    path.write_bytes(backup)  # cut short, or a backup restored over it: no key needed
+    cut = "line 3: lines were cut off its end \\(it held 3 lines.*delete .*seals"
+    with pytest.raises(ndp.LedgerCorruptedError, match=cut):
+        PrivacyLedger.open(path)
+    with pytest.raises(ndp.LedgerCorruptedError, match=cut):
+        ledger.charge(gauss(40.0))
+    # A copy charged by someone else (their own copy of the key, their own seals) is
+    # as long as the ledger this user read, but its third line is another one.
+    other = tmp_path / "other-user" / "ledger.key"
+    other.parent.mkdir()
+    shutil.copy2(ledger_keys / "ledger.key", other)
+    monkeypatch.setenv("NUMPYRO_DP_KEY_FILE", str(other))
+    PrivacyLedger.open(path).charge(gauss(50.0))
+    monkeypatch.delenv("NUMPYRO_DP_KEY_FILE")
+    with pytest.raises(ndp.LedgerCorruptedError, match="line 3: it is not the line this user "
+                       "last read there .*rolled back"):
+        PrivacyLedger.open(path)
+    path.write_bytes(latest)
+    assert PrivacyLedger.open(path).entries == [gauss(30.0), gauss(40.0)]
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620])
+def test_a_key_others_can_read_or_write_is_refused(tmp_path, ledger_keys, mode):
+    path = tmp_path / "ledger.jsonl"
+    PrivacyLedger.open(path, delta=DELTA)
+    key = ledger_keys / "ledger.key"
+    os.chmod(key, mode)
+    with pytest.raises(ndp.LedgerKeyError, match=f"mode {mode:04o}.*chmod 600 {key}"):
+        PrivacyLedger.open(path)
+    os.chmod(key, 0o600)
+    PrivacyLedger.open(path)
+
+
+def test_the_key_is_made_once_private_and_found_where_documented(tmp_path, ledger_keys,
+                                                                  monkeypatch):
+    assert default_key_path() == ledger_keys / "ledger.key"
+    assert not ledger_keys.exists()  # made on first use
+    first = PrivacyLedger.open(tmp_path / "a.jsonl", delta=DELTA)
+    key = ledger_keys / "ledger.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(ledger_keys.stat().st_mode) == 0o700
+    assert len(bytes.fromhex(key.read_text())) == 32
+    before = key.read_bytes()
+    PrivacyLedger.open(tmp_path / "b.jsonl", delta=DELTA)  # the same key, not a new one
+    assert key.read_bytes() == before and repr(first._file.key).count(before.hex()[:8]) == 0
+    # Made concurrently, one key wins and every caller reads it.
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: LedgerKey.load(tmp_path / "race.key", create=True).id,
+                           range(16)))
+    assert len(ids) == 1
+    # $NUMPYRO_DP_KEY_FILE, then key_file=, name other keys.
+    monkeypatch.setenv("NUMPYRO_DP_KEY_FILE", str(tmp_path / "team.key"))
+    team = PrivacyLedger.open(tmp_path / "team.jsonl", delta=DELTA)
+    assert (tmp_path / "team.key").exists()
+    monkeypatch.delenv("NUMPYRO_DP_KEY_FILE")
+    with pytest.raises(ndp.LedgerKeyError, match="key id .* pass the right key file"):
+        PrivacyLedger.open(team.path)
+    again = PrivacyLedger.open(team.path, key_file=tmp_path / "team.key")
+    assert again.entries == []
+    with pytest.raises(ndp.LedgerKeyError, match="no ledger key at .*missing.key.*key_file="):
+        PrivacyLedger.open(team.path, key_file=tmp_path / "missing.key")
+    (tmp_path / "bad.key").write_text("not hex\n")
+    os.chmod(tmp_path / "bad.key", 0o600)
+    with pytest.raises(ndp.LedgerKeyError, match="not a numpyro-dp ledger key"):
+        PrivacyLedger.open(team.path, key_file=tmp_path / "bad.key")
+
+
+def test_a_version_1_ledger_is_refused_clearly(tmp_path):
+    path = tmp_path / "old.jsonl"
+    header = {"format": "numpyro-dp-ledger", "version": 1, "delta": DELTA,
+              "neighbourhood": "substitute", "accountant": "auto", "epsilon": None,
+              "created": "2025-01-01T00:00:00+00:00", "prev": "0" * 64, "hash": "0" * 64}
+    path.write_text(json.dumps(header) + "\n")
+    with pytest.raises(ValueError, match="format version 1; .*reads version 2.*new ledger"):
+        PrivacyLedger.open(path)
 
 
 def test_runs_and_releases_pay_from_a_stored_budget_across_sessions(tmp_path):
@@ -406,11 +598,15 @@ def test_in_memory_ledgers_are_as_before():
     assert acc.PrivacyLedger is PrivacyLedger and acc.LedgerEntry is LedgerEntry
 
 
-def test_ledgers_pickle(tmp_path):
+def test_ledgers_pickle_without_their_key(tmp_path, ledger_keys):
     memory = PrivacyLedger(DELTA, epsilon=2.0)
     memory.charge(gauss())
     file = PrivacyLedger.open(tmp_path / "ledger.jsonl", delta=DELTA)
     file.charge(gauss())
+    secret = (ledger_keys / "ledger.key").read_text().strip()
+    data = pickle.dumps(file)
+    assert secret.encode() not in data and bytes.fromhex(secret) not in data
+    assert secret not in repr(file) + repr(file._file.key)
     for ledger in (memory, file):
         copy = pickle.loads(pickle.dumps(ledger))
         assert copy.entries == ledger.entries and copy.path == ledger.path

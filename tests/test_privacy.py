@@ -176,7 +176,7 @@ def test_over_budget_run_is_refused_before_any_iteration(data):
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=100, num_samples=100, num_chains=2,
                            epsilon=1.0, delta=1e-6, progress_bar=False)
     affordable = ndp.max_iterations(kernel.per_iteration_event(), 1.0, 1e-6, num_chains=2)
-    with pytest.raises(ndp.PrivacyBudgetError, match=f"affords {affordable} more"):
+    with pytest.raises(ndp.PrivacyBudgetError, match=f"affords at least {affordable} more"):
         mcmc.run(jax.random.PRNGKey(0), X, y=y)
     assert mcmc._states is None
     assert mcmc.privacy_spent().num_releases == 0
@@ -187,7 +187,7 @@ def test_budget_too_small_for_one_iteration(data):
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=0.5)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=10, epsilon=0.1, delta=1e-6,
                            progress_bar=False)
-    with pytest.raises(ndp.PrivacyBudgetError, match="affords 0 more"):
+    with pytest.raises(ndp.PrivacyBudgetError, match="affords at least 0 more"):
         mcmc.run(jax.random.PRNGKey(0), X, y=y)
 
 

@@ -263,6 +263,48 @@ def test_7_plan_and_refusal_are_fast_and_the_kernel_stays_usable(data):
     assert fresh.privacy_spent().num_releases == 4
 
 
+def sgld(**kwargs):
+    return ndp.DPSGLD(logistic_model, step_size=1e-3, batch_size=30, grad_clip=1.0, **kwargs)
+
+
+def test_7_an_over_budget_run_is_refused_within_a_second_and_charges_nothing(data, tmp_path):
+    """Issue 36: a DPSGLD run over its budget took 8.2 s to raise PrivacyBudgetError,
+    composing the PLD of its 20 000 subsampled releases and the affordable iterations at
+    final precision.  A lower bound on its epsilon now refuses it before any PLD; the
+    affordable iterations and what was spent are quoted from a coarse grid."""
+    X, y = data
+    sgld().prepare((X,), {"y": y})  # JAX compiles the model's checks once: not accounting
+    path = tmp_path / "sgld.ledger"
+    budgets = {"epsilon=1": {"epsilon": 1.0, "delta": 1e-5},
+               "ledger budget 1": {"ledger": ndp.PrivacyLedger.open(path, delta=1e-5,
+                                                                      epsilon=1.0)}}
+    for name, budget in budgets.items():
+        mcmc = ndp.PrivateMCMC(sgld(), num_warmup=1000, num_samples=4000, num_chains=4,
+                               progress_bar=False, chain_method="vectorized", **budget)
+        start = time.perf_counter()
+        with pytest.raises(ndp.PrivacyBudgetError, match="to at least 2.* > budget 1 .*"
+                           "spent so far: 0.*affords at least [1-9]"):
+            mcmc.run(jax.random.PRNGKey(0), X, y=y)
+        elapsed = time.perf_counter() - start
+        print(f"DPSGLD, 4 x 5000 iterations, {name}: refused in {elapsed:.2f} s")
+        assert elapsed < 2.0  # < 1 s on an idle machine; this one is shared
+        assert mcmc.privacy_spent().num_releases == 0
+    assert ndp.PrivacyLedger.open(path).entries == []
+
+
+def test_7_a_run_within_its_budget_is_charged_what_it_was_before(data, tmp_path):
+    """The refusal's shortcut changes no charge: the figure is main's at f3dec01."""
+    X, y = data
+    ledger = ndp.PrivacyLedger.open(tmp_path / "sgld.ledger", delta=1e-5, epsilon=1.0)
+    mcmc = ndp.PrivateMCMC(sgld(), num_warmup=3, num_samples=5, num_chains=2, ledger=ledger,
+                           progress_bar=False, chain_method="vectorized")
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    (entry,) = ndp.PrivacyLedger.open(ledger.path).entries
+    assert (entry.num_chains, entry.num_iterations) == (2, 8)
+    assert ledger.epsilon() == float.fromhex("0x1.c73f8344f96eap-2")  # 0.4446
+    assert mcmc.privacy_spent().num_releases == 16
+
+
 # ------------------------------------------------------------- 9. float32 sums
 def test_9_float32_sums_of_neighbours_move_by_at_most_the_charged_sensitivity():
     """n = 3e7 rows of clipped terms c, neighbour: one row -c.  The exact sums differ

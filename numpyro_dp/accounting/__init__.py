@@ -26,7 +26,10 @@ Layout
   for a budget, through dp-accounting's ``calibrate_dp_mechanism``;
 * :mod:`~numpyro_dp.accounting.gaussian`, :mod:`~numpyro_dp.accounting.budget`:
   closed forms and checks;
-* :mod:`numpyro_dp.accounting.ledger`: what has been charged, and the budget.
+* :mod:`~numpyro_dp.accounting.lower_bound`: a fast, provable lower bound on
+  epsilon, which refuses a run clearly over its budget before any PLD;
+* :mod:`numpyro_dp.accounting.ledger`: what has been charged, and the budget;
+  :mod:`~numpyro_dp.accounting.keyring`: the key that authenticates ledger files.
 
 Every epsilon returned here is rounded up: the reported figure is never below
 the true one (invariant 4).

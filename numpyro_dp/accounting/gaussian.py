@@ -29,8 +29,14 @@ def gaussian_log_delta(epsilon: float, mu: float) -> float:
     return a + math.log1p(-math.exp(b - a)) if b < a else -math.inf
 
 
-def gaussian_epsilon(mu: float, delta: float) -> float:
-    """Smallest epsilon (rounded up) at which a mu-GDP mechanism is (eps, delta)-DP."""
+def gaussian_epsilon(mu: float, delta: float, *, rounding: str = "up") -> float:
+    """Smallest epsilon at which a mu-GDP mechanism is (eps, delta)-DP.
+
+    ``rounding="up"`` (the default, what is charged) never returns less than
+    the exact figure; ``"down"`` never more (a lower bound, for refusing).
+    """
+    if rounding not in ("up", "down"):
+        raise ValueError(f"rounding={rounding!r}; use 'up' or 'down'.")
     if mu == 0:
         return 0.0
     if math.isinf(mu):
@@ -38,14 +44,20 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     eps = gaussian_mechanism.get_epsilon_gaussian(1.0 / mu, delta)
     # gaussian_log_delta is off by up to ~2e-13 / mu + 3e-17 * eps in log delta
     # (cancellation between its two terms; measured against 80-digit mpmath for
-    # mu in [1e-9, 1e6]).  Aim below log(delta) by >= 40x that, so that the
-    # exact delta(eps) never exceeds delta.
-    log_delta = math.log(delta) - (1e-11 / mu + 1e-15 * eps + 1e-12)
+    # mu in [1e-9, 1e6]).  Aim past log(delta) by >= 40x that, so that the
+    # exact delta(eps) is on the side asked for: never above delta when rounding
+    # up, above it (so the exact epsilon lies higher) when rounding down.
+    margin = 1e-11 / mu + 1e-15 * eps + 1e-12
     step = 1e-12 * (1.0 + eps)
-    while gaussian_log_delta(eps, mu) > log_delta:  # brentq may land just below
-        eps += step
+    if rounding == "up":
+        while gaussian_log_delta(eps, mu) > math.log(delta) - margin:  # brentq may land below
+            eps += step
+            step *= 2
+        return float(eps)
+    while eps > 0 and gaussian_log_delta(eps, mu) < math.log(delta) + margin:
+        eps -= step
         step *= 2
-    return float(eps)
+    return max(0.0, float(eps))
 
 
 def zcdp_to_epsilon(rho: float, delta: float) -> float:

@@ -8,21 +8,27 @@ restarting the kernel cannot spend a data set's budget again.
 File format
 -----------
 UTF-8 JSON Lines, append-only.  Line 1 is the header ``{"format":
-"numpyro-dp-ledger", "version": 1, "delta", "neighbourhood", "accountant",
-"epsilon" (the budget or null), "created" (ISO time)}``; every later line is
-one :class:`LedgerEntry` with an ``id`` (uuid4), a UTC ``time`` and its events
-written field by field (:func:`event_to_json`), so that reading it back
-rebuilds them exactly.  Every line also carries ``prev``, the ``hash`` of the
-line before it (64 zeros for the header), and ``hash``, the SHA-256 (hex) of
-``prev`` followed by the canonical JSON (sorted keys, compact separators) of
-its other fields.
+"numpyro-dp-ledger", "version": 2, "id" (uuid4 hex), "key_id", "delta",
+"neighbourhood", "accountant", "epsilon" (the budget or null), "created" (ISO
+time)}``; every later line is one :class:`LedgerEntry` with an ``id`` (uuid4), a
+UTC ``time`` and its events written field by field (:func:`event_to_json`), so
+that reading it back rebuilds them exactly.  Every line also carries ``prev``,
+the ``tag`` of the line before it (64 zeros for the header), and ``tag``, the
+HMAC-SHA256 (hex) under the ledger key (:mod:`~numpyro_dp.accounting.keyring`)
+of ``prev`` followed by the canonical JSON (sorted keys, compact separators) of
+its other fields.  ``key_id`` names the key (a hash of it, public).
 
 The chain is verified whenever the file is read: an edited, reordered, removed
-or unreadable line raises :class:`LedgerCorruptedError`.  Lines cut off the
-end leave a valid chain, which the file alone cannot reveal: keep backups (or
-version control) of ledger files.  A last line without its newline is a charge
-whose writer died mid-write and was never acknowledged: it is ignored (with a
-warning) and cut off before the next append.
+or unreadable line raises :class:`LedgerCorruptedError`, even with its tags
+recomputed, unless by someone holding the key.  The key's seals (what this user
+last read of each ledger) reveal lines cut off the end, or a ledger rolled back
+to a backup, once this user has read the longer one.  A last line without its
+newline is a charge whose writer died mid-write and was never acknowledged: it
+is ignored (with a warning) and cut off before the next append.
+
+What it protects against: a budget spent again by accident (a re-run cell, a
+restarted kernel, concurrent processes, an edited or restored file); not an
+analyst who means to overspend, holds the data and can read the key.
 
 Concurrency
 -----------
@@ -38,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import hashlib
+import hmac
 import json
 import math
 import operator
@@ -63,6 +69,9 @@ from numpyro_dp.accounting import (
     epsilon_spent,
     noise_multipliers,
 )
+from numpyro_dp.accounting.accountants import QUICK_PLD_INTERVAL
+from numpyro_dp.accounting.keyring import LedgerKey, LedgerKeyError
+from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.accounting.rdp import BarkerDpEvent
 
 try:
@@ -70,15 +79,16 @@ try:
 except ImportError:  # not POSIX: only in-memory ledgers
     fcntl = None
 
-FORMAT, VERSION = "numpyro-dp-ledger", 1
-_HEADER_KEYS = {"format", "version", "delta", "neighbourhood", "accountant", "epsilon", "created"}
+FORMAT, VERSION = "numpyro-dp-ledger", 2
+_HEADER_KEYS = {"format", "version", "id", "key_id", "delta", "neighbourhood", "accountant",
+                "epsilon", "created"}
 _ENTRY_KEYS = {"id", "time", "kernel", "phase", "num_chains", "num_iterations", "per_iteration",
                "chain_event", "reproducible_noise", "label"}
 _GENESIS = "0" * 64  # the "prev" of the header
 
 
 class LedgerCorruptedError(ValueError):
-    """A ledger file that was edited or damaged after it was written."""
+    """A ledger file that was edited, damaged, cut short or rolled back after it was written."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +245,7 @@ class PrivacyLedger:
         neighbourhood: str | None = None,
         accountant: str | None = None,
         epsilon: float | None = None,
+        key_file: str | os.PathLike | None = None,
     ) -> PrivacyLedger:
         """Open the ledger file at ``path``, creating it if there is none.
 
@@ -246,19 +257,29 @@ class PrivacyLedger:
             default to ``"substitute"``, ``"auto"`` and no budget).  For an
             existing file, each one given must equal what the file holds:
             pass none of them to reopen it.
+        key_file : str or PathLike, optional
+            The secret key that authenticates the file (see
+            :mod:`~numpyro_dp.accounting.keyring`): by default
+            ``$NUMPYRO_DP_KEY_FILE``, else ``$XDG_CONFIG_HOME/numpyro-dp/ledger.key``
+            (``~/.config/numpyro-dp/ledger.key``), created with mode 0600 with
+            the first ledger.  A ledger shared by several users needs the same
+            key in each user's own key file (mode 0600), passed here.
 
         Raises
         ------
         LedgerCorruptedError
-            If the file was edited or damaged.
+            If the file was edited, damaged, cut short or rolled back.
+        LedgerKeyError
+            If the key file is missing, readable by others, or not the key the
+            ledger was written with.
         ValueError
             If a given setting differs from the file's.
 
         Notes
         -----
         The file is the only record of what the data set has spent: back it
-        up.  Never delete it to reset the budget; the file alone cannot reveal
-        lines cut off its end.
+        up.  Never delete it to reset the budget: a deleted ledger is not
+        detected, and a new one at its place starts from nothing.
         """
         if fcntl is None:
             raise NotImplementedError(
@@ -274,12 +295,19 @@ class PrivacyLedger:
                 )
             new = cls(delta, "substitute" if neighbourhood is None else neighbourhood,
                       "auto" if accountant is None else accountant, epsilon=epsilon)
-            _LedgerFile.create(path, {
-                "format": FORMAT, "version": VERSION, "delta": float(new.delta),
+            key = LedgerKey.load(key_file, create=True)
+            _LedgerFile.create(path, key, {
+                "format": FORMAT, "version": VERSION, "id": uuid.uuid4().hex,
+                "key_id": key.id, "delta": float(new.delta),
                 "neighbourhood": new.neighbourhood, "accountant": new.accountant,
                 "epsilon": new.budget, "created": _now(),
             })
-        file = _LedgerFile(path)
+        else:
+            header = _first_line(path)
+            if header is not None:  # what the file is, before asking for its key
+                _check_format(path, header)
+            key = LedgerKey.load(key_file)
+        file = _LedgerFile(path, key)
         header = file.snapshot().header
         given = {"delta": delta, "neighbourhood": neighbourhood, "accountant": accountant,
                  "epsilon": epsilon}
@@ -306,6 +334,14 @@ class PrivacyLedger:
     def epsilon(self, extra: Sequence[LedgerEntry] = ()) -> float:
         """Epsilon (rounded up) of every entry and ``extra`` together."""
         return self._epsilon_of([*self.entries, *extra])
+
+    def spent_so_far(self, entries: Sequence[LedgerEntry] | None = None) -> str:
+        """What ``entries`` (default: the ledger's) spent, as a refusal quotes it: a
+        quick upper bound (a PLD, where one is needed, composed in one pass on a
+        coarse grid), since the charged figure can take seconds to compose."""
+        entries = self.entries if entries is None else entries
+        return f"at most {self._epsilon_of(entries, quick=True):.4g}" if entries else "0"
+
 
     def record(self, entry: LedgerEntry) -> None:
         """Append ``entry`` without checking any budget."""
@@ -368,8 +404,9 @@ class PrivacyLedger:
         )
 
     # ------------------------------------------------------------ helpers
-    def _epsilon_of(self, entries: Sequence[LedgerEntry]) -> float:
-        return epsilon_spent(_compose(entries), self.delta, self.neighbourhood, self.accountant)
+    def _epsilon_of(self, entries: Sequence[LedgerEntry], quick: bool = False) -> float:
+        return epsilon_spent(_compose(entries), self.delta, self.neighbourhood, self.accountant,
+                             QUICK_PLD_INTERVAL if quick else None)
 
     def _limit(self, budget: float | None) -> float | None:
         check_budget(budget, None)
@@ -380,8 +417,8 @@ class PrivacyLedger:
         self, entries: Sequence[LedgerEntry], entry: LedgerEntry, limit: float | None
     ) -> float:
         """Epsilon of ``entries`` and ``entry``; raise if it exceeds ``limit``."""
-        choice = choose_accountant(_compose([*entries, entry]), self.accountant,
-                                   self.neighbourhood)
+        total = [*entries, entry]
+        choice = choose_accountant(_compose(total), self.accountant, self.neighbourhood)
         if choice.reason is not None:
             warnings.warn(
                 f"accountant={self.accountant!r} cannot charge {entry.kernel} {entry.phase}: "
@@ -389,15 +426,23 @@ class PrivacyLedger:
                 f"pass accountant={choice.accountant!r} or 'auto' to say so yourself.",
                 AccountantWarning, stacklevel=4,
             )
-        after = self._epsilon_of([*entries, entry])
+        if limit is not None:  # a lower bound above the budget refuses before any PLD
+            lower = epsilon_lower_bound(_compose(total), self.delta, self.neighbourhood)
+            if lower > limit:
+                raise self._refusal(entry, f"at least {lower:.6g}", limit, entries)
+        after = self._epsilon_of(total)
         if limit is not None and after > limit:
-            raise PrivacyBudgetError(
-                f"Charging {entry.kernel} {entry.phase} ({entry.num_chains} chain(s) x "
-                f"{entry.num_iterations} iterations) would bring the epsilon spent to "
-                f"{after:.6g} > budget {limit:.6g} (delta={self.delta:.3g}; spent so far: "
-                f"{self._epsilon_of(entries) if entries else 0.0:.6g}). Nothing was recorded."
-            )
+            raise self._refusal(entry, f"{after:.6g}", limit, entries)
         return after
+
+    def _refusal(self, entry: LedgerEntry, after: str, limit: float,
+                 entries: Sequence[LedgerEntry]) -> PrivacyBudgetError:
+        return PrivacyBudgetError(
+            f"Charging {entry.kernel} {entry.phase} ({entry.num_chains} chain(s) x "
+            f"{entry.num_iterations} iterations) would bring the epsilon spent to "
+            f"{after} > budget {limit:.6g} (delta={self.delta:.3g}; spent so far: "
+            f"{self.spent_so_far(entries)}). Nothing was recorded."
+        )
 
 
 def _compose(entries: Sequence[LedgerEntry]) -> dpa.DpEvent:
@@ -536,26 +581,28 @@ def _entry_from_record(record: dict) -> LedgerEntry:
 class _Contents(NamedTuple):
     header: dict
     entries: list[LedgerEntry]
-    last_hash: str  # the "prev" of the next line
+    last_tag: str  # the "prev" of the next line
+    lines: int  # complete lines, the header included
     end: int  # bytes up to the last newline; more is a torn last line
 
 
 class _LedgerFile:
     """The JSON Lines file of a ledger: locking, reading with verification, appending."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, key: LedgerKey):
         self.path = path
-        self._header_hash: str | None = None  # pinned by the first read
+        self.key = key
+        self._header_tag: str | None = None  # pinned by the first read
         self._warned_at: int | None = None  # offset of the torn line last warned about
 
     @staticmethod
-    def create(path: Path, header: dict) -> None:
+    def create(path: Path, key: LedgerKey, header: dict) -> None:
         """Write a ledger holding ``header`` at ``path`` unless a file is there already.
 
         The header goes to a temporary file first, then is hard-linked into
         place: a file at ``path`` is always complete, and never replaced.
         """
-        line = _line(_GENESIS, header)
+        line, tag = _line(key, _GENESIS, header)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -567,6 +614,7 @@ class _LedgerFile:
             with contextlib.suppress(FileExistsError):  # another process created it
                 os.link(tmp, path)
                 _fsync_dir(path.parent)
+                key.reseal(header["id"], 1, tag)
         finally:
             os.unlink(tmp)
 
@@ -579,7 +627,7 @@ class _LedgerFile:
         """Append ``record`` as a line if ``check(entries)`` does not raise.
 
         Under an exclusive lock: re-read and verify, call ``check`` on the
-        entries the file holds, cut off a torn last line, append, fsync.
+        entries the file holds, cut off a torn last line, append, fsync, seal.
         Returns what ``check`` returned.
         """
         with self._locked(exclusive=True) as fd:
@@ -587,8 +635,10 @@ class _LedgerFile:
             result = check(contents.entries)
             if os.fstat(fd).st_size > contents.end:
                 os.ftruncate(fd, contents.end)
-            _write_all(fd, _line(contents.last_hash, record))
+            line, tag = _line(self.key, contents.last_tag, record)
+            _write_all(fd, line)
             os.fsync(fd)
+            self.key.reseal(contents.header["id"], contents.lines + 1, tag)
         return result
 
     @contextlib.contextmanager
@@ -628,7 +678,7 @@ class _LedgerFile:
         lines = data[:end].split(b"\n")[:-1]
         if not lines:
             raise self._corrupted(1, "the header is missing")
-        prev, header, entries = _GENESIS, {}, []
+        prev, header, entries, tags = _GENESIS, {}, [], []
         for number, raw in enumerate(lines, 1):
             try:
                 record = json.loads(raw.decode("utf-8"), parse_constant=_not_json)
@@ -636,50 +686,76 @@ class _LedgerFile:
                 raise self._corrupted(number, "it is not valid JSON") from None
             if number == 1:
                 self._check_format(record)
-            if not isinstance(record, dict) or not {"prev", "hash"} <= set(record):
+            if not isinstance(record, dict) or not {"prev", "tag"} <= set(record):
                 raise self._corrupted(number, "it is not a ledger line")
-            line_prev, line_hash = record.pop("prev"), record.pop("hash")
+            line_prev, line_tag = record.pop("prev"), record.pop("tag")
             if line_prev != prev:
                 raise self._corrupted(
                     number, "it does not follow the line before it (lines were removed, "
                     "reordered or inserted)"
                 )
-            if line_hash != _digest(prev, record):
-                raise self._corrupted(number, "its content does not match its hash")
-            prev = line_hash
+            if not (isinstance(line_tag, str)
+                    and hmac.compare_digest(line_tag, self.key.tag(prev, _canonical(record)))):
+                raise self._corrupted(number, "its content does not match its tag")
+            prev = line_tag
+            tags.append(line_tag)
             if number == 1:
-                header = self._check_header(record, line_hash)
+                header = self._check_header(record, line_tag)
                 continue
             try:
                 entries.append(_entry_from_record(record))
             except (TypeError, ValueError) as err:
                 raise self._corrupted(number, f"it cannot be read ({err})") from None
-        return _Contents(header, entries, prev, end)
+        self._check_seal(header["id"], tags)
+        return _Contents(header, entries, prev, len(lines), end)
 
     def _check_format(self, header) -> None:
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise ValueError(f"{self.path} is not a numpyro-dp privacy ledger.")
-        if header.get("version") != VERSION:
-            raise ValueError(
-                f"The privacy ledger {self.path} has format version "
-                f"{header.get('version')!r}; this numpyro-dp reads version {VERSION}."
+        _check_format(self.path, header)
+        if header.get("key_id") != self.key.id:
+            raise LedgerKeyError(
+                f"The privacy ledger {self.path} was written with key id "
+                f"{header.get('key_id')!r}; the key at {self.key.path} has id {self.key.id!r}: "
+                "pass the right key file (PrivacyLedger.open(..., key_file=) or "
+                "$NUMPYRO_DP_KEY_FILE)."
             )
 
-    def _check_header(self, header: dict, line_hash: str) -> dict:
-        kinds = {"delta": (float,), "neighbourhood": (str,), "accountant": (str,),
-                 "epsilon": (float, type(None)), "created": (str,)}
+    def _check_header(self, header: dict, line_tag: str) -> dict:
+        kinds = {"id": (str,), "key_id": (str,), "delta": (float,), "neighbourhood": (str,),
+                 "accountant": (str,), "epsilon": (float, type(None)), "created": (str,)}
         if set(header) != _HEADER_KEYS or any(
             type(header[k]) not in kind for k, kind in kinds.items()
         ):
             raise self._corrupted(1, "the header is malformed")
-        if self._header_hash is None:
-            self._header_hash = line_hash
-        elif line_hash != self._header_hash:
+        if self._header_tag is None:
+            self._header_tag = line_tag
+        elif line_tag != self._header_tag:
             raise self._corrupted(
                 1, "the header differs from the one this ledger was opened with (the file "
                 "was replaced by another ledger)"
             )
         return header
+
+    def _check_seal(self, ledger_id: str, tags: list[str]) -> None:
+        """Compare with what this user last read of the ledger; record what it holds now."""
+        seal = self.key.seal(ledger_id)
+        if seal is not None:
+            lines, tag = seal
+            lost = (f"; if no copy holds the lines this user read, the budget they charged "
+                    f"was spent all the same: note it, then delete "
+                    f"{self.key.seal_path(ledger_id)} to accept the file as it is")
+            if len(tags) < lines:
+                raise self._corrupted(
+                    len(tags) + 1, f"lines were cut off its end (it held {lines} lines when "
+                    f"this user last read it: a backup restored over it?){lost}"
+                )
+            if not hmac.compare_digest(tags[lines - 1], tag):
+                raise self._corrupted(
+                    lines, "it is not the line this user last read there (the ledger was "
+                    "rolled back and charged again, or replaced by a copy that went its own "
+                    f"way){lost}"
+                )
+        if seal is None or len(tags) > seal[0]:
+            self.key.reseal(ledger_id, len(tags), tags[-1])
 
     def _corrupted(self, number: int, what: str) -> LedgerCorruptedError:
         return LedgerCorruptedError(
@@ -687,6 +763,28 @@ class _LedgerFile:
             "corrupted and must not be trusted: restore it from a backup. Never delete or "
             "truncate a ledger to reset its budget."
         )
+
+
+def _check_format(path: Path, header) -> None:
+    """Raise unless ``header`` is the header of a ledger this version reads."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a numpyro-dp privacy ledger.")
+    if header.get("version") != VERSION:
+        raise ValueError(
+            f"The privacy ledger {path} has format version {header.get('version')!r}; this "
+            f"numpyro-dp reads version {VERSION} (lines authenticated by a key). Version 1 "
+            "ledgers, of development versions, cannot be converted: start a new ledger."
+        )
+
+
+def _first_line(path: Path):
+    """The header line of the file at ``path``, unverified (None if it is not JSON)."""
+    with open(path, "rb") as f:
+        line = f.readline()
+    try:
+        return json.loads(line.decode("utf-8"), parse_constant=_not_json)
+    except ValueError:
+        return None
 
 
 def _canonical(obj) -> str:
@@ -698,14 +796,10 @@ def _not_json(constant: str):
     raise ValueError(f"{constant} is not JSON")
 
 
-def _digest(prev: str, content: dict) -> str:
-    return hashlib.sha256((prev + _canonical(content)).encode("utf-8")).hexdigest()
-
-
-def _line(prev: str, content: dict) -> bytes:
-    """The line holding ``content`` after a line whose hash is ``prev``."""
-    record = {**content, "prev": prev, "hash": _digest(prev, content)}
-    return (_canonical(record) + "\n").encode("utf-8")
+def _line(key: LedgerKey, prev: str, content: dict) -> tuple[bytes, str]:
+    """The line holding ``content`` after a line tagged ``prev``, and its tag."""
+    tag = key.tag(prev, _canonical(content))
+    return (_canonical({**content, "prev": prev, "tag": tag}) + "\n").encode("utf-8"), tag
 
 
 def _now() -> str:

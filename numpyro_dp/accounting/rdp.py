@@ -28,6 +28,7 @@ Thm 27, which is never larger: the tests check that ours is the same or above).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import dp_accounting as dpa
@@ -123,12 +124,24 @@ def _leaf_curve(leaf: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
     if isinstance(leaf, BarkerDpEvent):
         return barker_rdp(leaf.batch_size, orders)
     if isinstance(leaf, dpa.SampledWithoutReplacementDpEvent):
+        if orders is ORDERS and isinstance(leaf.event, (dpa.GaussianDpEvent, BarkerDpEvent)):
+            return _amplified_curve(leaf)
         q = leaf.sample_size / leaf.source_dataset_size
         return wbk_amplify(rdp_curve(leaf.event, orders), q, orders)
     raise ValueError(
         f"The RDP accountant for minibatch kernels cannot interpret {type(leaf).__name__}; "
         "it handles Gaussian, DP Barker and without-replacement sampled events."
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _amplified_curve(leaf: dpa.SampledWithoutReplacementDpEvent) -> np.ndarray:
+    """The WBK curve of ``leaf`` at :data:`ORDERS`, computed once (read-only): a budget
+    check or a plan asks for the same iteration at many counts."""
+    q = leaf.sample_size / leaf.source_dataset_size
+    curve = wbk_amplify(rdp_curve(leaf.event, ORDERS), q, ORDERS)
+    curve.flags.writeable = False
+    return curve
 
 
 def rdp_curve(event: dpa.DpEvent, orders: np.ndarray = ORDERS) -> np.ndarray:
