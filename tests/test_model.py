@@ -474,7 +474,8 @@ def test_error_only_factor_outside_plates():
 
 
 def test_invalid_model_error_is_not_masked():
-    """Only non-finite data turn a failing model run into a ModelSpecificationError."""
+    """An exception the model raises while traced on abstract rows is public: it is
+    raised as it is."""
 
     def model(X, y):
         s = numpyro.sample("s", dist.HalfNormal(-1.0))  # invalid hyperparameter
