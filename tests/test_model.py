@@ -671,6 +671,12 @@ def test_error_plate_size_given_as_number():
         PrivateModel(model, (y, 12))
 
 
+def test_as_many_rows_as_arguments_is_not_a_list_of_rows():
+    """The arguments tuple itself is not a list of rows (n = 2 was refused)."""
+    X, y = _data(n=2)
+    assert PrivateModel(linreg_model, (X, y)).num_rows == 2
+
+
 def test_error_prior_depends_on_data():
     def model(X, y):
         w = numpyro.sample("w", dist.Normal(X.mean(), 1.0).expand([X.shape[1]]).to_event(1))
