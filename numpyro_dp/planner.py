@@ -59,7 +59,7 @@ from numpyro_dp.accounting import (
     gaussian_mu,
     sensitivity_factor,
 )
-from numpyro_dp.model.adapter import PrivateModel, _structure_trace, tabular_to_numpy
+from numpyro_dp.model.adapter import ObservedSite, PrivateModel, tabular_to_numpy
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_MIN_SNR,
@@ -239,31 +239,25 @@ def _verdict(travel: float, start_error: float) -> str:
     return "infeasible"
 
 
-def _observed(model: Callable, model_args: tuple, model_kwargs: dict) -> list:
-    """The distributions of the model's observed sites (one structural trace)."""
-    trace = _structure_trace(model, model_args, model_kwargs)
-    return [s["fn"] for s in trace.values() if s["type"] == "sample" and s["is_observed"]]
-
-
-def _bounded_observations(observed: list) -> bool:
+def _bounded_observations(observed: tuple[ObservedSite, ...]) -> bool:
     """Whether every observed site has bounded support (Bernoulli, Binomial, ...).
 
     The warm start's noise figure (:func:`start_error_sds`) assumes rows whose
     gradients have light tails; counts and continuous responses can have rows
     far out that its clips must either cut (a biased start) or pay for.
     """
+    unbounded_counts = (type(dist.constraints.nonnegative_integer),
+                        type(dist.constraints.positive_integer))
     return bool(observed) and all(
-        getattr(fn.support, "is_discrete", False) and not isinstance(
-            fn.support, (type(dist.constraints.nonnegative_integer),
-                         type(dist.constraints.positive_integer)))
-        or isinstance(fn.support, type(dist.constraints.unit_interval))
-        for fn in observed
+        site.discrete and not issubclass(site.support, unbounded_counts)
+        or issubclass(site.support, type(dist.constraints.unit_interval))
+        for site in observed
     )
 
 
-def _linear_gaussian(observed: list) -> bool:
+def _linear_gaussian(observed: tuple[ObservedSite, ...]) -> bool:
     """Whether an observed site is Normal (where released statistics may serve)."""
-    return any(isinstance(fn, dist.Normal) for fn in observed)
+    return any(issubclass(site.family, dist.Normal) for site in observed)
 
 
 def plan(
@@ -337,8 +331,7 @@ def plan(
         return tuning, z, step, travel, start_error_sds(n, d, tuning, factor)
 
     # The start's figure counts towards the verdict only for bounded observations.
-    observed = _observed(model, model_args, model_kwargs)
-    bounded = _bounded_observations(observed)
+    bounded = _bounded_observations(pm.observed)
 
     def _verdict_here(travel, start_error):
         return _verdict(travel, start_error if bounded else math.inf)
@@ -411,7 +404,7 @@ def plan(
             f"Fewer parameters help (travel grows like 1/sqrt(d), d = {d}), as do fewer "
             "chains (each gets more of the budget; keep at least 2 for R-hat)."
         )
-        if _linear_gaussian(observed):
+        if _linear_gaussian(pm.observed):
             advice.append(
                 "For a linear regression, ndp.linreg releases the sufficient statistics "
                 "once and NUTS runs on the release at no further cost: far less noise than "

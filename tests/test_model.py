@@ -474,7 +474,8 @@ def test_error_only_factor_outside_plates():
 
 
 def test_invalid_model_error_is_not_masked():
-    """Only non-finite data turn a failing model run into a ModelSpecificationError."""
+    """An exception the model raises while traced on abstract rows is public: it is
+    raised as it is."""
 
     def model(X, y):
         s = numpyro.sample("s", dist.HalfNormal(-1.0))  # invalid hyperparameter
@@ -668,6 +669,12 @@ def test_error_plate_size_given_as_number():
     y = list(_rng().normal(size=12))  # a Python list: its rows would count as public
     with pytest.raises(ModelSpecificationError, match="Python list or tuple with one item"):
         PrivateModel(model, (y, 12))
+
+
+def test_as_many_rows_as_arguments_is_not_a_list_of_rows():
+    """The arguments tuple itself is not a list of rows (n = 2 was refused)."""
+    X, y = _data(n=2)
+    assert PrivateModel(linreg_model, (X, y)).num_rows == 2
 
 
 def test_error_prior_depends_on_data():

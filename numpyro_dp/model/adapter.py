@@ -29,29 +29,37 @@ The rows are passed to the compiled sampler as arguments
 baked in as constants, which JAX's persistent compilation cache would write to
 disk; the public arguments stay Python values.
 
-Error messages never quote a value computed from the rows: an exception raised
-by the model while it runs on the data is reported by its type only (set the
-environment variable ``NUMPYRO_DP_NONPRIVATE_ERRORS=1`` to see the original
-message while debugging on data that may be shown).
+Nothing this module does before a kernel's first charge depends on the rows'
+values (SPEC: every release is charged).  The model's structure is traced with
+the rows as abstract values, shapes and dtypes only, as the compiled sampler
+sees them: plate sizes, sites, NumPyro's checks of constant arguments and any
+exception the model raises are public facts, and are quoted as they are.  Checks
+that need numbers (a row's log-likelihood alone and among others) run on
+stand-in rows made by a public rule (:func:`_stand_ins`), with NumPyro's
+validation off and warnings ignored.  The one exception is the refusal of
+NaN/inf in the row arrays (last of all checks): such values lie outside the
+data domain that privacy is claimed for, and the refusal tells whoever sees
+it that some row holds one.
 
 Bad models are rejected with an error that names the problem and the fix,
 before any private value is computed: no data plate, several candidate plates,
 observed sites outside the plate, latent sites inside it, discrete latents,
-plate subsampling, NaN/inf in the data, and priors, transforms or factors
-outside the plate that read the data (checked structurally on the traced
-program, see :mod:`numpyro_dp.model.dataflow`).
+plate subsampling, a size computed from the rows, and priors, transforms or
+factors outside the plate that read the data (checked structurally on the
+traced program, see :mod:`numpyro_dp.model.dataflow`).
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.distributions import biject_to
@@ -64,6 +72,14 @@ from numpyro_dp.model.layout import RowLayout
 
 class ModelSpecificationError(ValueError):
     """A model or data set that cannot be made differentially private as given."""
+
+
+class ObservedSite(NamedTuple):
+    """Public structure of an observed site (read from a trace with abstract rows)."""
+
+    family: type  # the distribution's class, e.g. numpyro.distributions.Bernoulli
+    support: type  # the class of its support constraint
+    discrete: bool  # whether that support is discrete
 
 
 class LogDensityTerms(NamedTuple):
@@ -97,45 +113,13 @@ def _all_finite(x: Any) -> bool:
 def _nonfinite_message(what: str) -> str:
     # Say which array, never where or how many: that is private.
     return (
-        f"The data in {what} contain NaN or infinite values. Remove or "
-        "impute those rows before inference (imputation must not be "
-        "fitted on the private data, or it must be privatised itself)."
-    )
-
-
-#: Environment variable that shows the original message of an exception raised
-#: by the model on the private data (non-private debugging only).
-NONPRIVATE_ERRORS = "NUMPYRO_DP_NONPRIVATE_ERRORS"
-
-
-def _model_error(
-    err: Exception, what: str, rerun: Callable[[], Any] | None = None
-) -> Exception:
-    """``err`` (raised by the model on private data), reported without private values.
-
-    If ``rerun`` (the same call on all-zero stand-ins for the data arrays) fails
-    the same way, the failure does not depend on the data's values and that
-    run's exception, which cannot quote them, is returned.  Otherwise only the
-    type is reported, unless :data:`NONPRIVATE_ERRORS` is set, which warns and
-    keeps the original message.
-    """
-    if os.environ.get(NONPRIVATE_ERRORS):
-        warnings.warn(
-            f"{NONPRIVATE_ERRORS} is set: the message below may quote private data values.",
-            stacklevel=3,
-        )
-        return ModelSpecificationError(f"{what}: {type(err).__name__}: {err}")
-    if rerun is not None:
-        try:
-            rerun()
-        except type(err) as public:
-            return public
-        except Exception:  # noqa: BLE001 - fails differently: the data matter
-            pass
-    return ModelSpecificationError(
-        f"{what} ({type(err).__name__}; its message is withheld because it may quote "
-        "private data values). Run the model on synthetic data of the same shapes to "
-        f"see it, or set {NONPRIVATE_ERRORS}=1 where the output stays private."
+        f"The data in {what} contain NaN or infinite values. They lie outside the data "
+        "domain that the privacy guarantee covers, so the data must be cleaned before "
+        "privacy is claimed: remove or impute those rows before inference (imputation "
+        "must not be fitted on the private data, or it must be privatised itself). "
+        "This refusal is the one check made on the rows' values before anything is "
+        "charged: whoever sees it learns that some row holds NaN or inf (not which, "
+        "nor how many)."
     )
 
 
@@ -158,6 +142,78 @@ def _structure_trace(
     )
 
 
+def _replace(leaves: list, treedef, index: tuple[int, ...], values) -> tuple[tuple, dict]:
+    """``(model_args, model_kwargs)`` with ``leaves[index]`` replaced by ``values``."""
+    leaves = list(leaves)
+    for i, x in zip(index, values, strict=True):
+        leaves[i] = x
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _spec(x: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of ``x`` as the compiled sampler receives it (public)."""
+    return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
+
+
+def _abstract_trace(
+    model: Callable, leaves: list, treedef, index: tuple[int, ...], specs: list
+) -> tuple[dict, dict]:
+    """The structure trace with ``leaves[index]`` abstract (``specs``: shapes and dtypes).
+
+    What the compiled sampler sees: those leaves have no values, so nothing in
+    the trace -- plate sizes, sites, NumPyro's checks of the other arguments,
+    an exception the model raises -- can depend on theirs.  Returns the trace
+    (read its structure only: its values are abstract) and the shapes of the
+    continuous latents' unconstrained values.
+    """
+    found = {}
+
+    def run(rows):
+        trace = found["trace"] = _structure_trace(model, *_replace(leaves, treedef, index, rows))
+        return {
+            name: biject_to(site["fn"].support).inv(site["value"])
+            for name, site in trace.items()
+            if site["type"] == "sample" and not site["is_observed"] and not site["fn"].is_discrete
+        }
+
+    shapes = jax.eval_shape(run, specs)
+    return found["trace"], shapes
+
+
+#: Seed of the stand-in rows (public: they say nothing about the data).
+STAND_IN_SEED = 0
+#: Stand-in rows on which a row's log-likelihood alone and among others are compared.
+PROBE_ROWS = 8
+
+
+def _stand_ins(specs: list) -> list[jax.Array]:
+    """Public rows of the given shapes and dtypes: uniform on (0, 1) for floats, 0 or 1
+    otherwise, from :data:`STAND_IN_SEED`.
+
+    Values inside the support of most likelihoods (Bernoulli, Poisson, Beta,
+    Exponential, ...) and different from row to row, so that a check on them
+    sees a model that mixes rows.
+    """
+    rng = np.random.default_rng(STAND_IN_SEED)
+    return [
+        jnp.asarray(
+            rng.uniform(size=s.shape) if jnp.issubdtype(s.dtype, jnp.inexact)
+            else rng.integers(0, 2, size=s.shape),
+            dtype=s.dtype,
+        )
+        for s in specs
+    ]
+
+
+@contextmanager
+def _quietly():
+    """NumPyro's validation off and warnings ignored: for runs of the model on
+    stand-in rows, whose made-up values may lie outside a likelihood's support."""
+    with numpyro.validation_enabled(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 #: What JAX raises when a model turns a traced argument into a Python value.
 _CONCRETIZATION_ERRORS = (
     jax.errors.ConcretizationTypeError,
@@ -165,7 +221,6 @@ _CONCRETIZATION_ERRORS = (
     jax.errors.TracerIntegerConversionError,
     jax.errors.TracerBoolConversionError,
 )
-
 _CONCRETIZATION_MESSAGE = (
     "The model turns its data into a Python value: a size such as "
     "`int(g.max()) + 1`, a shape, an `if` on data values, or a NumPy call on a data "
@@ -175,7 +230,10 @@ _CONCRETIZATION_MESSAGE = (
     "not per-row, e.g. `model(X, g, num_groups=G)` (G the number of groups the data "
     "could have, known without looking at them) and "
     "`numpyro.sample('a', dist.Normal(0, 1).expand([num_groups]))`; use jnp, not np, "
-    "on data arrays inside the model."
+    "on data arrays inside the model. (To find the rows, every array argument is "
+    "traced without its values: bind a public array that the model reads as a value, "
+    "e.g. in `np.linalg.cholesky(prior_cov)`, with "
+    "`functools.partial(model, prior_cov=prior_cov)`.)"
 )
 
 
@@ -210,11 +268,6 @@ def tabular_to_numpy(tree: Any) -> Any:
         return values
 
     return jax.tree_util.tree_map(convert, tree)
-
-
-def _zeros_like_arrays(tree: Any) -> Any:
-    """``tree`` with every array replaced by zeros of its shape and dtype."""
-    return jax.tree_util.tree_map(lambda x: np.zeros_like(x) if _is_array(x) else x, tree)
 
 
 def _sequences_of_length(tree: Any, length: int) -> bool:
@@ -280,22 +333,19 @@ class PrivateModel:
     ):
         self.model = model
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        leaves, self._treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        # Every array argument abstract: the rows are among them, and which ones
+        # depends on the plate's size, read from this trace.
+        arrays = tuple(i for i, x in enumerate(leaves) if _is_array(x))
         try:
-            trace = _structure_trace(model, model_args, model_kwargs)
-        except Exception as err:
-            # NumPyro's argument validation trips over NaN/inf data (e.g. a NaN
-            # covariate makes an invalid `loc`) before the checks below can run:
-            # report the bad argument instead, without saying where or how many.
-            leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
-            for i, x in enumerate(leaves):
-                if _is_array(x) and not _all_finite(x):
-                    what = f"model argument #{i}"
-                    raise ModelSpecificationError(_nonfinite_message(what)) from None
-            def rerun():
-                zeros_args, zeros_kwargs = _zeros_like_arrays((model_args, model_kwargs))
-                _structure_trace(model, zeros_args, zeros_kwargs)
-
-            raise _model_error(err, "The model fails when run on its data", rerun) from None
+            # Quietly: a list argument keeps its values here (refused below if it
+            # holds rows), so no NumPyro check may see them.
+            with _quietly():
+                trace, shapes = _abstract_trace(
+                    model, leaves, self._treedef, arrays, [_spec(leaves[i]) for i in arrays]
+                )
+        except _CONCRETIZATION_ERRORS:
+            raise ModelSpecificationError(_CONCRETIZATION_MESSAGE) from None
         self.data_plate, (self._plate_dim, self.padded_rows) = self._find_data_plate(
             trace, data_plate
         )
@@ -315,26 +365,31 @@ class PrivateModel:
             for name, s in trace.items()
             if s["type"] == "sample" and not s["is_observed"]
         )
+        #: The observed sites' distribution and support classes (public structure).
+        self.observed = tuple(
+            ObservedSite(type(s["fn"]), type(s["fn"].support), bool(s["fn"].support.is_discrete))
+            for s in trace.values()
+            if s["type"] == "sample" and s["is_observed"]
+        )
         self._row_leaf_index = self._find_rows(model_args, model_kwargs)
-        leaves, self._treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
         # The public arguments, kept as given; the rows are never stored here.
         self._public_leaves = [
             None if i in self._row_leaf_index else x for i, x in enumerate(leaves)
         ]
-        self._check_finite(trace, model_args, model_kwargs)
-        example = {n: trace[n]["value"] for n in self.latent_sites}
-        example_u = {
-            n: biject_to(trace[n]["fn"].support).inv(v) for n, v in example.items()
-        }
+        # The rows' shapes and dtypes: all that the checks below read of them.
+        self._row_specs = [_spec(leaves[i]) for i in self._row_leaf_index]
+        example_u = {n: jnp.zeros(shapes[n].shape, shapes[n].dtype) for n in self.latent_sites}
         self._unravel = ravel_pytree(example_u)[1]
         self.num_params = int(ravel_pytree(example_u)[0].size)
         #: Shape of each latent site in unconstrained space (public structure).
         self.param_shapes = {n: tuple(jnp.shape(v)) for n, v in example_u.items()}
         try:
-            self._deterministic = self._check_data_free(example_u, model_args, model_kwargs)
+            self._deterministic = self._check_data_free(example_u)
         except _CONCRETIZATION_ERRORS:
             raise ModelSpecificationError(_CONCRETIZATION_MESSAGE) from None
-        self._check_single_row(model_args, model_kwargs)
+        self._check_single_row()
+        # Last of all: the one check that reads the rows' values (module docstring).
+        self._check_finite([leaves[i] for i in self._row_leaf_index])
 
     # ------------------------------------------------------------------ setup
     def _find_data_plate(self, trace: dict, data_plate: str | None):
@@ -424,8 +479,10 @@ class PrivateModel:
                 )
 
     def _find_rows(self, model_args: tuple, model_kwargs: dict) -> tuple[int, ...]:
-        if self.padded_rows > 1 and _sequences_of_length((model_args, model_kwargs),
-                                                          self.padded_rows):
+        arguments = (*model_args, *model_kwargs.values())
+        if self.padded_rows > 1 and any(
+            _sequences_of_length(x, self.padded_rows) for x in arguments
+        ):
             raise ModelSpecificationError(
                 "A model argument is a Python list or tuple with one item per row. "
                 "Rows are recognised as private only in arrays (leading axis = rows); "
@@ -450,39 +507,33 @@ class PrivateModel:
             )
         return rows
 
-    def _check_finite(self, trace: dict, model_args: tuple, model_kwargs: dict) -> None:
-        leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
-        named = [(f"model argument #{i}", leaves[i]) for i in self._row_leaf_index]
-        named += [
-            (f"observed site {n!r}", s["value"])
-            for n, s in trace.items()
-            if s["type"] == "sample" and s["is_observed"] and not _is_factor(s)
-        ]
-        for what, x in named:
+    def _check_finite(self, rows: list) -> None:
+        for i, x in zip(self._row_leaf_index, rows, strict=True):
             if not _all_finite(x):
-                raise ModelSpecificationError(_nonfinite_message(what))
+                raise ModelSpecificationError(_nonfinite_message(f"model argument #{i}"))
 
-    def _check_single_row(self, model_args: tuple, model_kwargs: dict) -> None:
-        """Each l_i is computed from row i alone: the model must run on one row."""
-        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-        args, kwargs = self._with_rows(
-            leaves, treedef, [jnp.asarray(leaves[i])[:1] for i in self._row_leaf_index]
-        )
+    def _check_single_row(self) -> None:
+        """Each l_i is computed from row i alone: the model must run on one row.
+
+        Traced on one abstract row; the values compared are computed on
+        :data:`PROBE_ROWS` stand-in rows (:func:`_stand_ins`), never the data.
+        """
+        leaves, treedef, index = self._public_leaves, self._treedef, self._row_leaf_index
+        one = [jax.ShapeDtypeStruct((1,) + s.shape[1:], s.dtype) for s in self._row_specs]
         try:
-            trace = _structure_trace(self.model, args, kwargs)
+            trace, _ = _abstract_trace(self.model, leaves, treedef, index, one)
             size = self._plate_size(trace)
-        except Exception as err:  # the message may quote data values: name the type only
-            raise _model_error(
-                err,
-                "The model fails when given a single row of its data. numpyro-dp "
+        except Exception as err:  # noqa: BLE001 - raised on an abstract row: public
+            raise ModelSpecificationError(
+                "The model fails when given a single row of its data "
+                f"({type(err).__name__}: {err}). numpyro-dp "
                 "evaluates every row's log-likelihood on that row alone, so that no "
                 "row's term can read another row: take every size from the data (e.g. "
                 f"`numpyro.plate({self.data_plate!r}, X.shape[0])`) and do not compute "
                 "statistics across rows (such as standardising X) inside the model; "
-                "do that with public constants before the call",
-            ) from None
+                "do that with public constants before the call."
+            ) from err
         if size != 1:
-            # The size may be computed from that row's values: do not quote it.
             raise ModelSpecificationError(
                 f"The data plate {self.data_plate!r} does not have size 1 when the model "
                 "is given a single row. numpyro-dp evaluates every row's log-likelihood "
@@ -490,12 +541,16 @@ class PrivateModel:
                 f"write `numpyro.plate({self.data_plate!r}, X.shape[0])`, not a constant "
                 "or a count computed from the values."
             )
-        # Same values as the full model on a few rows (else l_i reads other rows or n).
-        params = self.init_params(jax.random.PRNGKey(0), model_args, model_kwargs)
-        k = min(self.padded_rows, 8)
-        full = self._split(params, model_args, model_kwargs)[1][:k]
-        alone = self.log_density_terms(params, model_args, model_kwargs, idx=jnp.arange(k))
-        if not np.allclose(full, alone.loglik_rows, rtol=1e-3, atol=1e-3, equal_nan=True):
+        # Same values as the model on a few rows (else l_i reads other rows or n).
+        k = min(self.padded_rows, PROBE_ROWS)
+        probe = _stand_ins([jax.ShapeDtypeStruct((k,) + s.shape[1:], s.dtype)
+                            for s in self._row_specs])
+        args, kwargs = _replace(leaves, treedef, index, probe)
+        with _quietly():
+            params = self.init_params(jax.random.PRNGKey(0), args, kwargs)
+            together = self._split(params, args, kwargs)[1]
+            alone = self.log_density_terms(params, args, kwargs, positions=jnp.arange(k))
+        if not np.allclose(together, alone.loglik_rows, rtol=1e-3, atol=1e-3, equal_nan=True):
             raise ModelSpecificationError(
                 "A row's log-likelihood changes when the model is given that row "
                 "alone: the likelihood reads other rows (e.g. standardises X or uses "
@@ -504,13 +559,12 @@ class PrivateModel:
                 "constants before the call, and pass n as a separate argument."
             )
 
-    def _check_data_free(self, example_u: dict, model_args: tuple, model_kwargs: dict):
+    def _check_data_free(self, example_u: dict):
         """Prove that prior terms and transforms do not read the rows.
 
         Returns the names of deterministic sites that are safe to publish.
         """
-        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-        rows = [jnp.asarray(leaves[i]) for i in self._row_leaf_index]
+        leaves, treedef, rows = self._public_leaves, self._treedef, self._row_specs
 
         def probe(params, row_leaves):
             args, kwargs = self._with_rows(leaves, treedef, row_leaves)
@@ -604,10 +658,7 @@ class PrivateModel:
 
     # ------------------------------------------------------------- evaluation
     def _with_rows(self, leaves, treedef, row_leaves):
-        leaves = list(leaves)
-        for i, x in zip(self._row_leaf_index, row_leaves, strict=True):
-            leaves[i] = x
-        return jax.tree_util.tree_unflatten(treedef, leaves)
+        return _replace(leaves, treedef, self._row_leaf_index, row_leaves)
 
     def _trace(self, params: dict, model_args: tuple, model_kwargs: dict):
         """Run the model at unconstrained ``params``; return trace and log-Jacobians."""
@@ -723,9 +774,16 @@ class PrivateModel:
 
         The strategy sees only each site's prior distribution, which the setup
         check proved to be data-free; no likelihood is evaluated (unlike
-        NumPyro's ``find_valid_initial_params``).
+        NumPyro's ``find_valid_initial_params``).  The model runs on zero
+        stand-ins of the rows of ``model_args`` and ``model_kwargs``: nothing
+        it does here, a NumPyro check or a warning, can depend on their values.
         """
-        tr = _structure_trace(self.model, model_args, model_kwargs, rng_key, init_strategy)
+        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        # zeros_like: on the devices the rows lie on (they may fill a mesh).
+        zeros = [jnp.zeros_like(leaves[i]) for i in self._row_leaf_index]
+        with _quietly():
+            tr = _structure_trace(self.model, *self._with_rows(leaves, treedef, zeros),
+                                  rng_key, init_strategy)
         return {
             n: biject_to(tr[n]["fn"].support).inv(tr[n]["value"]) for n in self.latent_sites
         }
