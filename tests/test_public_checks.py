@@ -243,18 +243,30 @@ def test_nan_refusal_is_the_documented_bit():
     assert "11" not in out[1]
 
 
-def test_a_public_array_read_as_a_value_is_bound_with_partial():
-    """Every array argument is traced abstract to find the rows, so a public array
-    that the model reads with NumPy is refused with the fix, which then works."""
+def test_a_public_array_read_as_a_value_is_found_public():
+    """A public array that the model reads with NumPy cannot be traced abstract; the
+    adapter then tries each leading size with only its arrays abstract, and takes the
+    one that is the data plate's.  The outcome is the same on neighbours, and the
+    model keeps working as an argument or bound with partial."""
     def model(X, y, prior_cov):
         scale_tril = np.linalg.cholesky(prior_cov)
         w = numpyro.sample("w", dist.MultivariateNormal(jnp.zeros(D), scale_tril=scale_tril))
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
 
-    X, y = CASES["a branch on the values"][1][0]
+    (X, y), (X2, y2) = CASES["a branch on the values"][1][:2]
     prior_cov = np.eye(D) * 2.0
-    with pytest.raises(ndp.ModelSpecificationError, match="functools.partial"):
-        ndp.PrivateModel(model, (X, y, prior_cov))
+    for data in ((X, y), (X2, y2)):
+        pm = ndp.PrivateModel(model, (*data, prior_cov))
+        assert pm.num_rows == N and pm.param_shapes == {"w": (D,)}
+        assert pm._row_leaf_index == (0, 1)  # the rows, not the covariance
     pm = ndp.PrivateModel(functools.partial(model, prior_cov=prior_cov), (X, y))
     assert pm.num_rows == N and pm.param_shapes == {"w": (D,)}
+
+    def reads_rows(X, y):  # a NumPy call on the rows themselves stays refused
+        scale = float(np.abs(np.asarray(y)).max())
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(0.0, scale), obs=y)
+
+    with pytest.raises(ndp.ModelSpecificationError, match="Python value"):
+        ndp.PrivateModel(reads_rows, (X, y))

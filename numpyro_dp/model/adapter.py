@@ -230,10 +230,7 @@ _CONCRETIZATION_MESSAGE = (
     "not per-row, e.g. `model(X, g, num_groups=G)` (G the number of groups the data "
     "could have, known without looking at them) and "
     "`numpyro.sample('a', dist.Normal(0, 1).expand([num_groups]))`; use jnp, not np, "
-    "on data arrays inside the model. (To find the rows, every array argument is "
-    "traced without its values: bind a public array that the model reads as a value, "
-    "e.g. in `np.linalg.cholesky(prior_cov)`, with "
-    "`functools.partial(model, prior_cov=prior_cov)`.)"
+    "on data arrays inside the model."
 )
 
 
@@ -334,18 +331,7 @@ class PrivateModel:
         self.model = model
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         leaves, self._treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-        # Every array argument abstract: the rows are among them, and which ones
-        # depends on the plate's size, read from this trace.
-        arrays = tuple(i for i, x in enumerate(leaves) if _is_array(x))
-        try:
-            # Quietly: a list argument keeps its values here (refused below if it
-            # holds rows), so no NumPyro check may see them.
-            with _quietly():
-                trace, shapes = _abstract_trace(
-                    model, leaves, self._treedef, arrays, [_spec(leaves[i]) for i in arrays]
-                )
-        except _CONCRETIZATION_ERRORS:
-            raise ModelSpecificationError(_CONCRETIZATION_MESSAGE) from None
+        trace, shapes = self._structure(leaves, data_plate)
         self.data_plate, (self._plate_dim, self.padded_rows) = self._find_data_plate(
             trace, data_plate
         )
@@ -392,6 +378,39 @@ class PrivateModel:
         self._check_finite([leaves[i] for i in self._row_leaf_index])
 
     # ------------------------------------------------------------------ setup
+    def _structure(self, leaves: list, data_plate: str | None) -> tuple[dict, dict]:
+        """The structure trace, with the rows abstract (:func:`_abstract_trace`).
+
+        Which arrays hold rows depends on the plate's size, read from the trace:
+        first every array argument is abstract.  A model that reads a public
+        array as a value (``np.linalg.cholesky(prior_cov)``) cannot be traced so;
+        then each leading size ``m`` of the arrays (largest first) is tried with
+        only the arrays of ``m`` rows abstract, and taken if the data plate then
+        has ``m`` rows (the rows are exactly those arrays, as :meth:`_find_rows`
+        decides).  Every step reads shapes and public values only.
+        """
+        arrays = [i for i, x in enumerate(leaves) if _is_array(x)]
+
+        def trace_with(abstract):
+            # Quietly: a list argument keeps its values here (refused later if it
+            # holds rows), so no NumPyro check may see them.
+            with _quietly():
+                return _abstract_trace(self.model, leaves, self._treedef, tuple(abstract),
+                                       [_spec(leaves[i]) for i in abstract])
+
+        try:
+            return trace_with(arrays)
+        except _CONCRETIZATION_ERRORS:
+            pass
+        for size in sorted({np.shape(leaves[i])[0] for i in arrays}, reverse=True):
+            try:
+                trace, shapes = trace_with([i for i in arrays if np.shape(leaves[i])[0] == size])
+                if self._find_data_plate(trace, data_plate)[1][1] == size:
+                    return trace, shapes
+            except (*_CONCRETIZATION_ERRORS, ModelSpecificationError):
+                continue
+        raise ModelSpecificationError(_CONCRETIZATION_MESSAGE) from None
+
     def _find_data_plate(self, trace: dict, data_plate: str | None):
         plates = _plates(trace)
         observed = [
