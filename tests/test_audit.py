@@ -1,16 +1,20 @@
-"""ndp.audit (issue 20): the audits are sound on the library's mechanisms and catch broken ones.
+"""ndp.audit (issues 20, 36): the audits are sound on the library's mechanisms and catch
+broken ones.
 
 Every configuration is small and seeded (``reproducible_noise``: the audit's own
 made-up data, so the noise need not be secret).  An audit passes when its
-95%-confidence lower bound is at most the claimed epsilon; each power test
-breaks one mechanism the way a bug would (``audit.fault``: the noise halved,
-the clip skipped for the canary row, a chain not charged) and requires the
-bound to exceed the claim.  ``delta = 0.01`` (n = 20 rows): Gaussian audits have power where
-epsilon(delta) is not set by tail events that a few thousand runs never see.
+lower bound is at most the claimed epsilon; each power test breaks one
+mechanism the way a bug would (``audit.fault``: the noise halved, the clip
+skipped for the canary row, a chain not charged, the noise multiplier divided
+in a kernel after the charge) and requires the audit to fail.  ``delta =
+0.01`` (n = 20 rows): Gaussian audits have power where epsilon(delta) is not
+set by tail events that a few thousand runs never see.
 """
 
 import contextlib
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -22,6 +26,7 @@ from numpyro_dp import audit
 from numpyro_dp.evaluation.canary import (
     CANARY,
     DELTA,
+    KERNEL_AUDIT_CANARY,
     KERNELS,
     ROWS,
     barker_batch,
@@ -31,8 +36,8 @@ from numpyro_dp.evaluation.canary import (
     mean_model,
     neighbours,
 )
-from numpyro_dp.kernels import base
-from numpyro_dp.primitives import gradients
+from numpyro_dp.kernels import base, hmc, penalty, sgmcmc
+from numpyro_dp.primitives import compiled, gradients, rounding, tap
 
 
 def sgld(step_size=1.0):
@@ -93,6 +98,151 @@ def test_white_box_audit_of_the_barker_test(broken):
         result = audit.barker_test(barker_batch(), -barker_batch(), n0=50, delta=DELTA,
                                    reproducible_noise=True)
     assert result.passed == (broken is None), result
+
+
+# ----------------------------------------------------- white box, kernel end to end
+def kernel(name, data="full", neighbourhood="substitute"):
+    """The canary problem's kernel ``name`` on ``data`` (numpyro_dp.evaluation.canary.KERNELS)."""
+    (found,) = [k for k in KERNELS if k.name == name and k.data.startswith(data)]
+    return found.make(neighbourhood)
+
+
+def kernel_audit(name, data="full", neighbourhood="substitute", **options):
+    return audit.audit_kernel(kernel(name, data, neighbourhood),
+                              *neighbours(neighbourhood, KERNEL_AUDIT_CANARY), delta=DELTA,
+                              **options)
+
+
+def test_kernel_audit_of_dppenalty_is_tight():
+    """The canary reaches the clip at every state: the releases as made deliver the
+    epsilon charged, up to the rounding that the charge adds."""
+    result = kernel_audit("DPPenalty")
+    assert result.passed, result
+    assert result.method == "white-box kernel" and result.confidence == 1.0
+    assert result.num_trials == 10 and "10 releases made, 10 charged" in result.details
+    assert result.epsilon_lower_bound > 0.999 * result.claimed_epsilon
+
+
+@pytest.mark.parametrize("divisor", [3, pytest.param(30, marks=pytest.mark.slow)])
+def test_kernel_audit_catches_the_noise_divided_in_the_kernel(divisor):
+    """Issue 36: DPPenalty's LLR release passed a third (or a thirtieth) of the charged
+    noise multiplier; the multi-run audit's bound stayed at 0.51 against a claim of 3.99."""
+    with audit.fault("kernel_noise_divided", divisor=divisor):
+        result = kernel_audit("DPPenalty")
+    assert not result.passed, result
+    assert "VIOLATES" in str(result)
+    assert f"smallest realised noise / sensitivity {1 / divisor:.4g}" in result.details
+
+
+def test_kernel_audit_catches_a_chain_not_charged():
+    """Issue 36: ``chain_not_charged`` with 2 chains per run, missed by the multi-run audit
+    for DPPenalty: more releases made than charged fails on its own."""
+    with audit.fault("chain_not_charged"):
+        result = kernel_audit("DPPenalty", num_chains=2)
+    assert not result.passed, result
+    assert result.violations == ("10 releases made but 5 charged: 5 were never paid for",)
+
+
+@pytest.mark.slow  # make test-all (an audit compiles its runs afresh: ~30 s)
+def test_kernel_audit_catches_data_outside_the_releases(monkeypatch):
+    """An attack on the replay: a kernel whose accept step reads the data other than
+    through a release.  Given the same releases, the draws on two neighbours differ."""
+    release = penalty.release_llr
+
+    def leaky(key, ratio, clip, **kwargs):  # the noise sd used by the test depends on the rows
+        value, sigma = release(key, ratio, clip, **kwargs)
+        return value, jnp.where(jnp.sum(ratio) > 0, 0.0, 100.0) + sigma
+
+    monkeypatch.setattr(penalty, "release_llr", leaky)
+    result = kernel_audit("DPPenalty")
+    assert not result.passed and "differ" in result.violations[0], result
+
+
+@pytest.mark.slow  # make test-all (an audit compiles its runs afresh: ~30 s)
+def test_kernel_audit_catches_a_noise_key_used_twice(monkeypatch):
+    noise_key = penalty.noise_key
+    monkeypatch.setattr(penalty, "noise_key",
+                        lambda secret, key: noise_key(secret, jnp.zeros(2, jnp.uint32)))
+    result = kernel_audit("DPPenalty", num_chains=1)
+    assert any("the same noise twice" in v for v in result.violations), result
+
+
+def test_kernel_audit_refuses_a_neighbour_with_other_batches():
+    with pytest.raises(ValueError, match="differ in shape"):
+        kernel_audit("DPSGLD", "Poisson", "add_remove")
+
+
+@pytest.mark.slow  # make test-all (an audit compiles its runs afresh: ~30 s)
+def test_kernel_audit_of_dpsgld_catches_the_noise_divided():
+    sound = kernel_audit("DPSGLD", "Poisson")
+    assert sound.passed, sound
+    assert sound.epsilon_lower_bound > 0.95 * sound.claimed_epsilon
+    with audit.fault("kernel_noise_divided"):
+        assert not kernel_audit("DPSGLD", "Poisson").passed
+
+
+#: Every kernel in each neighbourhood it supports, but Poisson batches under add/remove:
+#: their batches depend on n, so a neighbour without the canary cannot replay the path.
+AUDITED = [(k.name, k.data, nb) for k in KERNELS for nb in k.neighbourhoods
+           if not (nb == "add_remove" and "Poisson" in k.data)]
+
+
+@pytest.mark.slow  # make test-all: every kernel (the table is docs/results/audit.md)
+@pytest.mark.parametrize("name, data, neighbourhood", AUDITED,
+                         ids=[" ".join(case) for case in AUDITED])
+def test_every_kernel_passes_its_kernel_audit(name, data, neighbourhood):
+    result = kernel_audit(name, data, neighbourhood)
+    assert result.passed, result
+    if "b = " not in data:  # full data: the canary moves every release by its sensitivity
+        assert result.epsilon_lower_bound > 0.99 * result.claimed_epsilon, result
+
+
+@pytest.mark.slow  # make test-all: every fault against both kernels the issue names
+@pytest.mark.parametrize("broken", audit.FAULTS)
+@pytest.mark.parametrize("name, data", [("DPPenalty", "full"), ("DPSGLD", "Poisson")])
+def test_kernel_audit_catches_every_fault(broken, name, data):
+    with audit.fault(broken):
+        result = kernel_audit(name, data)
+    assert not result.passed, result
+
+
+# ---------------------------------------------------------------- the gate tap
+def run_penalty():
+    mcmc = ndp.PrivateMCMC(kernel("DPPenalty"), num_warmup=0, num_samples=3, delta=DELTA,
+                           progress_bar=False, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), canary_rows())
+    return mcmc
+
+
+def test_normal_runs_compile_the_same_shared_program_around_an_audit():
+    """The tap adds nothing to a normal run's program: the program compiled before a
+    tapped run is the one a run after it takes (a program that calls back into
+    Python is never shared), and the tapped run itself compiles its own."""
+    run_penalty()
+    before = dict(compiled.stats)
+    recorded = tap.Tap()
+    with tap.tapped(recorded):
+        run_penalty()
+    assert recorded.count == 3 and compiled.stats["compiled"] == before["compiled"] + 1
+    run_penalty()
+    assert compiled.stats["compiled"] == before["compiled"] + 1
+    assert compiled.stats["reused"] == before["reused"] + 1
+
+
+def test_the_tap_reaches_into_functions_jitted_outside_it():
+    """``GridPlan.release`` jits ``grid_release``: a trace made outside a tap is not reused
+    inside it, nor one made inside it after it."""
+    release = jax.jit(rounding.grid_release, static_argnames="noise")
+    args = (jax.random.PRNGKey(1), jnp.ones(2), jnp.zeros(2), 1.0, 2.0**-10)
+    plain = release(*args)
+    recorded = tap.Tap()
+    with tap.tapped(recorded):
+        tapped = release(*args)
+    release(*args)
+    (made,) = recorded.releases.values()
+    assert recorded.count == 1 and made.gate == "gaussian" and made.scale == 1.0
+    np.testing.assert_array_equal(made.statistic, [1.0, 1.0])
+    np.testing.assert_array_equal(tapped, plain)
 
 
 # ------------------------------------------------------------------ multi run
@@ -212,15 +362,29 @@ def test_bad_audits_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="use one of"):
         with audit.fault("noise_doubled"):
             pass
+    with pytest.raises(ValueError, match="divisor= applies to 'kernel_noise_divided' only"):
+        with audit.fault("noise_halved", divisor=2):
+            pass
+    with pytest.raises(ValueError, match="State the kernel's clips"):
+        audit.audit_kernel(ndp.DPPenalty(mean_model), data, neighbour, delta=DELTA)
 
 
 def test_a_fault_is_undone_when_its_block_ends():
     release, clip, ratios = base.grid_release, gradients.clip_weights, base.clip_ratios
+    kernel_releases = (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
+                       hmc.release_llr, sgmcmc.release_sum_with_noise)
     with audit.fault("noise_halved"), audit.fault("canary_unclipped"):
         assert base.grid_release is not release and gradients.clip_weights is not clip
         assert base.clip_ratios is not ratios  # what the penalty and Barker sums clip with
     assert base.grid_release is release and gradients.clip_weights is clip
     assert base.clip_ratios is ratios
+    with audit.fault("kernel_noise_divided"):
+        divided = (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
+                   hmc.release_llr, sgmcmc.release_sum_with_noise)
+        assert not any(a is b for a, b in zip(divided, kernel_releases, strict=True))
+        assert base.release_llr is not penalty.release_llr  # base's own stay: divided once
+    assert (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
+            hmc.release_llr, sgmcmc.release_sum_with_noise) == kernel_releases
 
 
 @pytest.mark.slow  # make test-all: the README's example, as a user would run it
@@ -228,8 +392,9 @@ def test_readme_example_runs_and_catches_the_fault(capsys):
     from pathlib import Path
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("## Auditing")[1]
-    code = section.split("```python\n")[1].split("```")[0]
-    exec(compile(code, "README.md", "exec"), {})
-    printed = capsys.readouterr().out
-    assert "consistent with the claim" in printed and "VIOLATES the claim" in printed
+    section = readme.split("## Auditing")[1].split("\n## ")[0]
+    namespace = {}
+    for block in section.split("```python\n")[1:]:  # the black-box and the white-box example
+        exec(compile(block.split("```")[0], "README.md", "exec"), namespace)
+        printed = capsys.readouterr().out
+        assert "consistent with the claim" in printed and "VIOLATES the claim" in printed

@@ -33,6 +33,11 @@ from numpyro_dp.kernels import (
 
 ROWS = 20
 CANARY = 5.0
+#: The canary of :func:`~numpyro_dp.audit.audit_kernel`'s runs of several iterations:
+#: far enough out that it stays beyond the clip wherever the chains go (a canary at
+#: 5 stops moving the clipped gradient once theta passes 4), so that every release
+#: moves by its full sensitivity and the audit is tight.
+KERNEL_AUDIT_CANARY = 100.0
 #: The delta audited: with n = 20 rows, where a few thousand runs see what sets
 #: epsilon (at 1e-5 the Gaussian's epsilon is set by tail events they never see).
 DELTA = 0.01
@@ -45,15 +50,16 @@ def mean_model(x):
         numpyro.sample("x", dist.Normal(theta, 1.0), obs=x)
 
 
-def canary_rows() -> np.ndarray:
+def canary_rows(canary: float = CANARY) -> np.ndarray:
     x = np.zeros(ROWS, np.float32)
-    x[-1] = CANARY
+    x[-1] = canary
     return x
 
 
-def neighbours(neighbourhood: str = "substitute") -> tuple[Dataset, Dataset]:
-    """``(data, neighbour)``: the canary at +5, against -5 or no canary."""
-    x = canary_rows()
+def neighbours(neighbourhood: str = "substitute",
+               canary: float = CANARY) -> tuple[Dataset, Dataset]:
+    """``(data, neighbour)``: the canary (+5), against its opposite or no canary."""
+    x = canary_rows(canary)
     other = -x if neighbourhood == "substitute" else x[:-1]
     return Dataset(x), Dataset(other)
 
@@ -103,6 +109,9 @@ _BOTH = ("substitute", "add_remove")
 KERNELS = (
     AuditedKernel("DPPenalty", "full", _BOTH,
                   lambda nb: DPPenalty(mean_model, neighbourhood=nb, **_PENALTY)),
+    AuditedKernel("DPPenalty (guided)", "full", _BOTH,
+                  lambda nb: DPPenalty(mean_model, neighbourhood=nb, proposal="guided",
+                                       **_PENALTY)),
     AuditedKernel("DPMinibatchPenalty", "b = 10", ("substitute",),
                   lambda nb: DPMinibatchPenalty(mean_model, batch_size=10, **_PENALTY)),
     AuditedKernel("DPHMC", "full", _BOTH,

@@ -63,6 +63,7 @@ from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
 from numpyro_dp.primitives.rounding import row_quantum, unit_roundoff
 from numpyro_dp.primitives.secret import noise_key
+from numpyro_dp.primitives.tap import barker_gate
 
 #: Variance of the Gaussian part of the logistic noise; the privacy theorem needs C = 2.
 BARKER_C = 2.0
@@ -95,9 +96,11 @@ def barker_decision(key: jax.Array, lam: jax.Array, var_b: jax.Array, correction
     that with V_corr the total noise is Logistic(0, 1): Barker's test.
     """
     key_noise, key_corr = random.split(key)
-    noise = jnp.sqrt(BARKER_C - var_b) * random.normal(key_noise, (), lam.dtype)
+    scale = jnp.sqrt(BARKER_C - var_b)
+    noise = scale * random.normal(key_noise, (), lam.dtype)
     noise = noise + sample_correction(key_corr, correction, lam.dtype)
-    return lam + noise > 0  # nan (e.g. -inf + inf) compares False: reject
+    # nan (e.g. -inf + inf) compares False: reject.  An audit's tap sees the decision here.
+    return barker_gate(key, lam + noise > 0, scale, lam, var_b)
 
 
 def barker_statistics(ratio: jax.Array, clip: float, n0: float) -> tuple[jax.Array, jax.Array]:

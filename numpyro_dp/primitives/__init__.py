@@ -9,5 +9,7 @@
 * :mod:`~numpyro_dp.primitives.secret`: the secret that every noise key
   derives from;
 * :mod:`~numpyro_dp.primitives.sharding`: rows on a device mesh (placement,
-  padding, full-data sums per shard).
+  padding, full-data sums per shard);
+* :mod:`~numpyro_dp.primitives.tap`: the white-box audit's view of the
+  release gates (a no-op outside an audit).
 """

@@ -56,6 +56,7 @@ from jax import random
 from jax.scipy.special import ndtri
 
 from numpyro_dp.primitives.sharding import row_axis, row_axis_size
+from numpyro_dp.primitives.tap import grid_gate
 
 #: Bits of the output cell below sigma: g = 2^(floor(log2 sigma) - GRID_BITS).
 GRID_BITS = 8
@@ -441,7 +442,9 @@ def grid_release(key, hi, lo, scale, quantum, noise: str = "gaussian") -> jax.Ar
     j = jnp.maximum(jnp.floor(jnp.log2(ratio)) - GRID_BITS, 0.0)
     cell = _exp2(j, dtype)
     r_hi, r_lo = dw_round(v_hi / cell, v_lo / cell)
-    return (r_hi + r_lo) * (cell * quantum)
+    # An audit's tap sees the release here (primitives.tap); otherwise a no-op.
+    return grid_gate(key, (r_hi + r_lo) * (cell * quantum), scale, noise, stat_hi, stat_lo,
+                     quantum)
 
 
 def grid_sensitivity(quantum, dim: int, norm: str = "l2"):
