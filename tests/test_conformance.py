@@ -360,7 +360,7 @@ def test_the_privacy_holes_stay_closed(data, name):
     with pytest.raises(ndp.PrivateDataError):
         _ = mcmc._args  # what Predictive / log_likelihood would be fed
     held = [vars(mcmc), vars(mcmc.sampler), vars(mcmc.sampler._private_model)]
-    arrays = [x for x in jax.tree_util.tree_leaves(held) if hasattr(x, "shape")]
+    arrays = [x for x in jax.tree_util.tree_leaves(held) if isinstance(x, (np.ndarray, jax.Array))]
     assert not [x.shape for x in arrays if N in x.shape]
     idata = ndp.to_inference_data(mcmc)
     assert "observed_data" not in idata.groups() and "log_likelihood" not in idata.groups()

@@ -277,6 +277,10 @@ def test_explicit_noise_multipliers_are_used_as_given():
     assert kernel.noise_multipliers() == (30.0, 3.0)
     # The per-iteration multiplier has the zCDP of one LLR and L + 1 gradient releases.
     np.testing.assert_allclose(1 / kernel.noise_multiplier**2, 1 / 9 + 5 / 900)
+    # The runner charges the stated pair, not the combined z split afresh (the ledger
+    # once reported z_llr 0.82 and z_grad 1.15 for a stated 1 and 1; issue 36's audit).
+    event = kernel.per_iteration_event(kernel.noise_multiplier)
+    assert set(ndp.accounting.noise_multipliers(event)) == {30.0, 3.0}
 
 
 @pytest.fixture(scope="module")

@@ -496,7 +496,8 @@ class DPHMC(DPKernel):
 
     def noise_multipliers(self, noise_multiplier: float | None = None) -> tuple[float, float]:
         """``(z_grad, z_llr)``: explicit, or split from the per-iteration ``noise_multiplier``."""
-        if noise_multiplier is None and self._explicit is not None:
+        # The runner charges the kernel's own (combined) z: the stated pair is what runs.
+        if self._explicit is not None and noise_multiplier in (None, self.noise_multiplier):
             return self._explicit
         z = self._noise_for_event(noise_multiplier)
         return split_noise_multiplier(z, self.num_steps, self.llr_budget_fraction)

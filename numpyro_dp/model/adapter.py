@@ -68,6 +68,7 @@ from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.model.dataflow import captured_shapes, depends_on_private
 from numpyro_dp.model.layout import RowLayout
+from numpyro_dp.primitives.compiled import compile_once
 
 
 class ModelSpecificationError(ValueError):
@@ -572,8 +573,8 @@ class PrivateModel:
             alone = self.log_density_terms(params, args, kwargs, positions=jnp.arange(k))
             return together, alone.loglik_rows
 
-        with _quietly():
-            together, alone = jax.jit(compare)(probe)
+        with _quietly():  # one program per model and shapes, shared by later runs
+            together, alone = compile_once(compare, probe)(probe)
         if not np.allclose(together, alone, rtol=1e-3, atol=1e-3, equal_nan=True):
             raise ModelSpecificationError(
                 "A row's log-likelihood changes when the model is given that row "
