@@ -78,7 +78,7 @@ def _fingerprint(lowered: jax.stages.Lowered, text: str, args: Sequence,
 
 def compile_once(
     fun: Callable, *args, donate_argnums: int | tuple[int, ...] = ()
-) -> jax.stages.Compiled:
+) -> Callable:
     """``jax.jit(fun).lower(*args).compile()``, compiled once per program.
 
     Parameters
@@ -92,9 +92,13 @@ def compile_once(
 
     Returns
     -------
-    jax.stages.Compiled
-        Callable with arguments of the same structure, shapes and placement.
+    callable
+        A ``jax.stages.Compiled`` with arguments of the same structure, shapes
+        and placement; ``fun`` itself under ``jax.disable_jit()``, which runs
+        op by op and has no ahead-of-time path.
     """
+    if jax.config.jax_disable_jit:
+        return fun
     lowered = jax.jit(fun, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
     text = lowered.as_text()
     constants = _hidden_constants(lowered, text)
