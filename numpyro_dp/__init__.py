@@ -64,7 +64,9 @@ from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
 from numpyro_dp.releases import fisher, linreg, mechanisms, smooth_sensitivity
+from numpyro_dp.releases.noise_aware import CalibrationWarning, NoiseAwareNUTS
 from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
+from numpyro_dp.releases.score import ScoreRelease
 from numpyro_dp.tuning import TuningResult
 
 __version__ = "0.1.0"
@@ -97,8 +99,10 @@ __all__ = [
     "MixingReport",
     "MixingWarning",
     "ModelSpecificationError",
+    "NoiseAwareNUTS",
     "PMMH",
     "AccountantWarning",
+    "CalibrationWarning",
     "PrivacyBudgetError",
     "PrivacyLedger",
     "PrivacySpent",
@@ -107,6 +111,7 @@ __all__ = [
     "RunPlan",
     "PrivateModel",
     "RowLayout",
+    "ScoreRelease",
     "audit",
     "calibrate_noise_multiplier",
     "diagnostics",

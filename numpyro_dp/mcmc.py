@@ -458,7 +458,8 @@ class PrivateMCMC(MCMC):
 
         def total(z):
             event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
-            return dpa.ComposedDpEvent([ledger.event(pending), event])
+            once = [dpa.SelfComposedDpEvent(e, k) for _, e, k in kernel.release_entries(z)]
+            return dpa.ComposedDpEvent([ledger.event(pending), *once, event])
 
         needed = epsilon_spent(total(cap), ledger.delta, ledger.neighbourhood, ledger.accountant)
         if needed > self.epsilon:
@@ -537,12 +538,14 @@ class PrivateMCMC(MCMC):
             )
 
     def _tuning_entries(self, plan: TuningPlan | None) -> list[LedgerEntry]:
+        return [] if plan is None else self._once(plan.entries())
+
+    def _once(self, entries: list) -> list[LedgerEntry]:
+        """Ledger entries of releases made once per run: ``(phase, event, releases)``."""
         name = type(self.sampler).__name__
-        return [] if plan is None else [
-            LedgerEntry(name, phase, 1, releases, event,
-                        reproducible_noise=self.reproducible_noise)
-            for phase, event, releases in plan.entries()
-        ]
+        return [LedgerEntry(name, phase, 1, releases, event,
+                            reproducible_noise=self.reproducible_noise)
+                for phase, event, releases in entries]
 
     def _tuning_plan(self, init_params) -> TuningPlan | None:
         """The tuning releases this call needs (None: none), from public facts only."""
@@ -575,6 +578,8 @@ class PrivateMCMC(MCMC):
             return self.warm_start
         if self.epsilon is None:
             return 0.0
+        if self.sampler.warm_start_share is not None:
+            return self.sampler.warm_start_share
         pm = self.sampler._private_model
         return auto_warm_start_share(
             self.epsilon, self.delta, pm.num_rows, pm.num_params, self._planned_iterations(),
@@ -592,8 +597,9 @@ class PrivateMCMC(MCMC):
             calibrated = self._calibrated_noise(self._planned_iterations(), start,
                                                 pending=tuple(pending))
         z = kernel.noise_multiplier if calibrated is None else calibrated
+        pending += self._once(kernel.release_entries(z))
         entry = self._entry(iterations, phase, start, z)
-        if self.check_mixing and kernel.calibrated_noise:
+        if self.check_mixing and kernel.calibrated_noise and not kernel.releases_once:
             self._warn_if_noise_caps_the_steps(
                 z, tuning is not None and tuning.warm_start_steps > 0)
         if self.epsilon is not None:
@@ -667,12 +673,15 @@ class PrivateMCMC(MCMC):
             except PrivacyBudgetError as err:
                 z, fits, advice = self.max_noise_multiplier, False, str(err)
         ledger = self._ledger
+        if z is not None:
+            pending += tuple(self._once(kernel.release_entries(z)))
         event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
         after = epsilon_spent(dpa.ComposedDpEvent([ledger.event(pending), event]),
                               ledger.delta, ledger.neighbourhood, ledger.accountant,
                               PLANNING_PLD_INTERVAL)
         if self.epsilon is not None:
             fits = fits and after <= self.epsilon
+        if self.epsilon is not None and not kernel.releases_once:  # else iterations are free
             affordable = max_iterations(
                 lambda k: run_event(k, z), self.epsilon, self.delta, self.num_chains,
                 ledger.neighbourhood, ledger.accountant, spent=ledger.event(pending),
@@ -787,6 +796,13 @@ class PrivateMCMC(MCMC):
         if tuning is not None:
             with mesh_on(run_mesh):
                 self._tune(tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
+        if iterations > 0 and kernel.releases_once and kernel.release_entries():
+            # Charged with the tuning; public keys apart from the tuning's and the chains'.
+            key = jax.random.fold_in(rng_key if is_prng_key(rng_key) else rng_key[0],
+                                     TUNING_KEY_TAG + 2)
+            with mesh_on(run_mesh):
+                kernel.make_release(pm, self.tuning, rng_key=key, rows=rows,
+                                    secret=jnp.asarray(secret))
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
@@ -902,6 +918,12 @@ class PrivateMCMC(MCMC):
             jitter = 0.0 if not lead else CHAIN_DISPERSION * self.tuning.dispersion[name] * noise
             starts[name] = value + jitter
         return starts
+
+    @property
+    def release(self):
+        """What the kernel released once before sampling (``NoiseAwareNUTS``: a
+        :class:`~numpyro_dp.releases.score.ScoreRelease`); None for other kernels."""
+        return getattr(self.sampler, "release", None)
 
     def privacy_budget_left(self) -> float | None:
         """Epsilon left of the budget (None when no budget was stated)."""

@@ -108,11 +108,17 @@ def mixing_report(samples_by_chain: Mapping[str, np.ndarray]) -> MixingReport | 
     # ArviZ's rank-normalised split R-hat and bulk ESS: what az.summary shows.  A
     # plain Dataset works on both ArviZ lines (0.x and the DataTree-based 1.x,
     # whose from_dict takes other arguments).
-    posterior = xr.Dataset({k: (("chain", "draw", f"{k}_dim_0"), v) for k, v in sites.items()})
+    def dataset(sites):
+        return xr.Dataset({k: (("chain", "draw", f"{k}_dim_0"), v) for k, v in sites.items()})
+
+    # One chain: ArviZ's R-hat needs two; split R-hat of one chain is its halves'.
+    halves = {k: v[:, : v.shape[1] // 2 * 2].reshape(2, v.shape[1] // 2, -1)
+              for k, v in sites.items()}
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        rhats = az.rhat(posterior, method="rank")
-        esses = az.ess(posterior, method="bulk")
+        one = next(iter(sites.values())).shape[0] == 1
+        rhats = az.rhat(dataset(halves if one else sites), method="rank")
+        esses = az.ess(dataset(sites), method="bulk")
     rhat, ess = {}, {}
     for name, x in sites.items():
         r, e = np.asarray(rhats[name]), np.asarray(esses[name])

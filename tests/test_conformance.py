@@ -208,6 +208,28 @@ def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch
     assert spent.epsilon <= 100.0
 
 
+def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkeypatch):
+    """NoiseAwareNUTS (issue 37): its warm start, clip histograms, anchor stage and
+    score release are made as charged, once for all chains; NUTS on the surrogate
+    makes none, in a second call neither (histograms 4, warm start 5 + 5 steps with
+    5 + 1 Hessians, 2 stages of 2 histograms, score and curvature)."""
+    from numpyro_dp import tuning
+
+    monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
+    X, y = data
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(logistic_model), num_warmup=5, num_samples=5,
+                           num_chains=2, chain_method="vectorized", epsilon=100.0, delta=1e-4,
+                           progress_bar=False, check_mixing=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    spent = mcmc.privacy_spent()
+    assert [e.phase for e in spent.ledger] == [
+        "clip selection", "warm start", "anchor stage 1", "score release", "warmup+sample"]
+    assert len(releases) == spent.num_releases == 4 + 16 + 2 * 4
+    mcmc.run(jax.random.PRNGKey(1), X, y=y)
+    assert len(releases) == mcmc.privacy_spent().num_releases == 4 + 16 + 2 * 4
+    assert mcmc.privacy_spent().epsilon == spent.epsilon <= 100.0
+
+
 ADD_REMOVE = [name for name, spec in KERNELS.items() if "add_remove" in spec[1]]
 
 

@@ -93,3 +93,12 @@ def test_the_check_can_be_turned_off():
         warnings.simplefilter("error", ndp.MixingWarning)
         mcmc = frozen_run(check_mixing=False)
     assert mcmc.mixing is None
+
+
+def test_one_chain_has_a_split_rhat():
+    """ArviZ needs two chains for R-hat: one chain's split R-hat is that of its halves."""
+    draws = np.random.default_rng(0).normal(size=(1, 400, 2))
+    report = mixing_report({"x": draws})
+    assert 0.98 < report.max_rhat < 1.03 and report.min_ess > 300
+    stuck = np.concatenate([draws[:, :200], draws[:, 200:] + 5.0], axis=1)
+    assert mixing_report({"x": stuck}).max_rhat > 1.5

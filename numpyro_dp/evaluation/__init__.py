@@ -5,5 +5,11 @@
 * :mod:`~numpyro_dp.evaluation.diagnostics`: MMD and mean distance against
   exact draws (``ndp.diagnostics``);
 * :mod:`~numpyro_dp.evaluation.canary`: the canary problem every kernel is
-  audited on (:mod:`numpyro_dp.audit`).
+  audited on (:mod:`numpyro_dp.audit`);
+* :mod:`~numpyro_dp.evaluation.simulation`: simulation-based calibration of a
+  route (``ndp.evaluation.sbc``).
 """
+
+from numpyro_dp.evaluation.simulation import SBCResult, noise_aware_route, sbc
+
+__all__ = ["SBCResult", "noise_aware_route", "sbc"]

@@ -459,6 +459,12 @@ class DPKernel(MCMCKernel):
     calibrated_noise: bool = True
     #: Whether PrivateMCMC may start the chains at a private warm start.
     tunable: bool = False
+    #: True for kernels that spend the budget on releases made once before sampling
+    #: (:meth:`release_entries`, :meth:`make_release`), whose iterations cost nothing.
+    releases_once: bool = False
+    #: The warm start's share of epsilon when ``PrivateMCMC(warm_start="auto")``
+    #: (None: the planner's, :func:`~numpyro_dp.planner.auto_warm_start_share`).
+    warm_start_share: float | None = None
     #: Public parameters the compiled sampler takes as arguments rather than
     #: constants: the clips PrivateMCMC chooses privately are new numbers on
     #: every run, and as constants they would make every re-run compile anew.
@@ -546,6 +552,17 @@ class DPKernel(MCMCKernel):
         return dpa.SelfComposedDpEvent(
             self.per_iteration_event(noise_multiplier, num_rows), num_iterations
         )
+
+    def release_entries(self, noise_multiplier: float | None = None) -> list:
+        """``(phase, per-release event, releases)`` of the releases a run makes once,
+        before sampling, at this noise multiplier (charged once, not per chain)."""
+        return []
+
+    def make_release(self, pm: PrivateModel, tuning, *, rng_key, rows: tuple,
+                     secret) -> None:
+        """Make the releases of :meth:`release_entries` (already charged) on ``rows``,
+        after the run's tuning (``tuning``: its :class:`~numpyro_dp.TuningResult`)."""
+        raise NotImplementedError
 
     def clip_requests(self) -> tuple[ClipRequest, ...]:
         """The clips this kernel was built without (chosen privately before a run)."""

@@ -1,0 +1,251 @@
+"""Noise-aware inference from one release: NUTS on a model of the release (SPEC s12).
+
+:class:`NoiseAwareNUTS` is run by :class:`~numpyro_dp.PrivateMCMC` like any
+kernel.  On its first run the runner charges, then makes, a few noisy Newton
+stages of releases of the model's whitened score and curvature, the last at an
+anchor near the posterior mode (:mod:`numpyro_dp.releases.score`); the kernel
+then runs NumPyro's NUTS on the *surrogate*: the user's model with
+its priors exact and the data plate's observed sites replaced by the release's
+noise-aware likelihood (:meth:`ScoreRelease.log_likelihood`).  NUTS never sees
+the rows: its draws, any number of them in any number of chains, are
+post-processing of the release and cost nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from jax.flatten_util import ravel_pytree
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.infer import NUTS, init_to_value
+from numpyro.infer.initialization import init_to_median
+
+from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.layout import RowLayout
+from numpyro_dp.releases.score import (
+    ScoreRelease,
+    release_entries,
+    release_score,
+    stand_in_arguments,
+)
+
+#: Default share of epsilon of the runner's warm start, where the Newton stages start.
+WARM_START_SHARE = 0.3
+#: Largest number of parameters with a dense mass matrix by default.
+DENSE_MASS_MAX_DIM = 200
+#: Name of the surrogate's site that holds the release's log-likelihood.
+RELEASE_SITE = "score_release"
+
+
+def surrogate_model(model: Callable, release: ScoreRelease) -> Callable:
+    """The user's ``model`` with its data plate replaced by ``release``'s likelihood.
+
+    A NumPyro model without arguments: it runs ``model`` on the release's
+    public stand-in arguments (one zero row), hides the data plate's observed
+    sites and the deterministic sites inside that plate (they describe the
+    stand-in row, not the data), and adds the release's noise-aware
+    log-likelihood at the latents' unconstrained, flattened values as the
+    factor :data:`RELEASE_SITE`.  Every latent site, prior, constraint and
+    data-free deterministic site is the user's.
+    """
+    plate = release.data_plate
+    anchor = release.anchor
+    inverse = np.linalg.inv(release.whiten)
+    names = tuple(sorted(release.param_shapes))
+
+    def in_plate(site) -> bool:
+        return any(f.name == plate for f in site.get("cond_indep_stack", ()))
+
+    def hidden(site) -> bool:
+        observed = site["type"] == "sample" and site.get("is_observed")
+        return in_plate(site) and (observed or site["type"] == "deterministic")
+
+    def surrogate():
+        with handlers.trace() as trace, handlers.block(hide_fn=hidden):
+            model(*release.model_args, **release.model_kwargs)
+        u = {n: biject_to(trace[n]["fn"].support).inv(trace[n]["value"]) for n in names}
+        theta = ravel_pytree(u)[0]
+        v = jnp.asarray(inverse, theta.dtype) @ (theta - jnp.asarray(anchor, theta.dtype))
+        numpyro.factor(RELEASE_SITE, release.log_likelihood(v))
+
+    return surrogate
+
+
+class CalibrationWarning(UserWarning):
+    """The release lies outside the regime its noise-aware model is calibrated in."""
+
+
+class NoiseAwareNUTS(DPKernel):
+    """NUTS on a noise-aware model of one private release of the score (SPEC s12).
+
+    Parameters
+    ----------
+    model : callable
+        A NumPyro model with a plate over the data rows and continuous latents
+        outside it (as for the gradient kernels).
+    release : ScoreRelease, optional
+        A release made earlier (``mcmc.release``, or :meth:`ScoreRelease.load`):
+        the run makes none, charges nothing and never reads the rows.
+    dense_mass : bool, optional
+        As NumPyro's; default: dense up to :data:`DENSE_MASS_MAX_DIM` parameters.
+    target_accept_prob, max_tree_depth, step_size :
+        As NumPyro's :class:`~numpyro.infer.NUTS`.
+    neighbourhood : {"substitute", "add_remove"}
+    data_plate : str, optional
+    init_strategy : callable
+        Where the Newton stages start (it sees only the priors); default the
+        prior's median.
+
+    Notes
+    -----
+    The budget pays for the releases of :mod:`numpyro_dp.releases.score`, all
+    charged before the first is made: the anchor's stages and the release the
+    surrogate models (one Gaussian mechanism: its noise multiplier is what the
+    runner calibrates).  Sampling is in the ledger at zero cost.  Clipping bias
+    is the one error the surrogate does not model: ``mcmc.release.clipped_share``
+    says how many rows the clip cut.
+    """
+
+    releases_once = True
+    warm_start_share = WARM_START_SHARE
+    private_safe_fields = tuple(numpyro.infer.hmc.HMCState._fields)
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        release: ScoreRelease | None = None,
+        dense_mass: bool | None = None,
+        target_accept_prob: float = 0.8,
+        max_tree_depth: int = 10,
+        step_size: float = 1.0,
+        neighbourhood: str = "substitute",
+        data_plate: str | None = None,
+        init_strategy: Callable = init_to_median,
+    ):
+        super().__init__(model, neighbourhood=neighbourhood, data_plate=data_plate,
+                         init_strategy=init_strategy)
+        if release is not None and not isinstance(release, ScoreRelease):
+            raise TypeError(f"release must be a ScoreRelease, got {type(release).__name__}.")
+        if release is not None and release.neighbourhood != self.neighbourhood:
+            raise ValueError(
+                f"The release is private under {release.neighbourhood!r}, not "
+                f"{self.neighbourhood!r}: build the kernel with its neighbourhood."
+            )
+        self.release = release
+        self.dense_mass = dense_mass
+        self.target_accept_prob = target_accept_prob
+        self.max_tree_depth = max_tree_depth
+        self.step_size = step_size
+        self._nuts = None
+
+    def prepare(self, model_args: tuple, model_kwargs: dict,
+                row_layout: RowLayout | None = None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout)
+        if self.release is not None and dict(self.release.param_shapes) != pm.param_shapes:
+            raise ValueError(
+                f"The release was made for parameters {self.release.param_shapes}, not this "
+                f"model's {pm.param_shapes}: pass the model it was made for."
+            )
+        return pm
+
+    # ------------------------------------------------------------ accounting
+    def per_iteration_event(
+        self, noise_multiplier: float | None = None, num_rows: int | None = None
+    ) -> dpa.DpEvent:
+        """Nothing: NUTS on the surrogate reads only the release."""
+        return dpa.NoOpDpEvent()
+
+    def release_entries(self, noise_multiplier: float | None = None) -> list:
+        """The release phase's ``(phase, event, releases)`` (none once it is made)."""
+        if self.release is not None:
+            return []
+        return release_entries(self._noise_for_event(noise_multiplier))
+
+    def budget_advice(self) -> str:
+        return ("state a larger budget: the release's noise cannot be lowered otherwise "
+                "(sampling is free)")
+
+    @property
+    def tunable(self) -> bool:
+        """The warm start is made only when there is no release."""
+        return self.release is None
+
+    def make_release(self, pm: PrivateModel, tuning, *, rng_key, rows: tuple,
+                     secret) -> None:
+        """The charged releases (the runner's step), from the warm start of ``tuning``
+        (without one, from ``init_strategy``'s point, which sees only the priors)."""
+        key_init, key = jax.random.split(rng_key)
+        covariance = None
+        if tuning is not None and tuning.start is not None:
+            start, covariance = pm.ravel(tuning.start), tuning.covariance
+        else:
+            args, kwargs = stand_in_arguments(pm)
+            start = pm.ravel(pm.init_params(key_init, args, kwargs, self._init_strategy))
+        release = release_score(
+            pm, start=start, covariance=covariance,
+            noise_multiplier=self.noise_multiplier, neighbourhood=self.neighbourhood,
+            rng_key=rng_key, rows=rows, secret=secret,
+        )
+        object.__setattr__(self, "release", release)
+        trusted, why = release.trusted()
+        if not trusted:  # post-processing of the release: free
+            warnings.warn(
+                f"The private release is too noisy for its model to be trusted: {why}. "
+                "The posterior may be too narrow or off centre. The budget is spent; a "
+                "larger epsilon (or more rows) makes the release trustworthy: "
+                "mcmc.release says how far it is.", CalibrationWarning, stacklevel=3)
+
+    # ------------------------------------------------------------ sampling
+    def _inner(self, init_strategy: Callable | None = None) -> NUTS:
+        release = self.release
+        dense = self.dense_mass
+        if dense is None:
+            dense = release.num_params <= DENSE_MASS_MAX_DIM
+        start = self._private_model.unravel(jnp.asarray(release.anchor))
+        with handlers.block(), handlers.seed(rng_seed=0):
+            trace = handlers.trace(self._model).get_trace(*release.model_args,
+                                                          **release.model_kwargs)
+        constrained = {n: biject_to(trace[n]["fn"].support)(u) for n, u in start.items()}
+        return NUTS(surrogate_model(self._model, release), dense_mass=dense,
+                    target_accept_prob=self.target_accept_prob,
+                    max_tree_depth=self.max_tree_depth, step_size=self.step_size,
+                    init_strategy=init_strategy or init_to_value(values=constrained))
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        self._unpack(model_args, model_kwargs)  # refuses a run no PrivateMCMC charged
+        if self.release is None:
+            raise RuntimeError("NoiseAwareNUTS has no release: PrivateMCMC makes it first.")
+        self._nuts = self._inner()
+        try:
+            return self._nuts.init(rng_key, num_warmup, init_params, (), {})
+        except RuntimeError:  # the surrogate is not finite at the anchor: the prior's median
+            self._nuts = self._inner(init_to_median)
+            return self._nuts.init(rng_key, num_warmup, None, (), {})
+
+    def sample(self, state, model_args, model_kwargs):
+        self._unpack(model_args, model_kwargs)
+        return self._nuts.sample(state, (), {})
+
+    def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
+        self._unpack(args, kwargs)
+        nuts = self._nuts or self._inner()
+        return nuts.postprocess_fn((), {})
+
+    def surrogate(self) -> Callable:
+        """The surrogate NumPyro model of the release (:func:`surrogate_model`)."""
+        if self.release is None:
+            raise RuntimeError("No release yet: run the kernel under PrivateMCMC first.")
+        return surrogate_model(self._model, self.release)
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_nuts": None}
+

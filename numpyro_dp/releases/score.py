@@ -1,0 +1,444 @@
+"""Score-and-curvature releases at private anchors (SPEC s12).
+
+:class:`~numpyro_dp.NoiseAwareNUTS` spends its budget here, before sampling,
+and then samples a model of the last release
+(:mod:`numpyro_dp.releases.noise_aware`) for free.  The releases are
+:data:`STAGE_SHARES` stages of noisy Newton steps from the prior's median,
+each in the coordinates ``v = L^-1 (theta - theta_k)`` whitened by the previous
+stage's posterior covariance (the prior's at the first).  A stage releases
+
+* two histograms of the rows' whitened gradient norms and Hessian norms at
+  its anchor ``theta_k``, which choose its clips
+  (:func:`~numpyro_dp.tuning.histogram_quantile` with the bias-balanced cap
+  :func:`~numpyro_dp.tuning.clip_rows_above`: a clip cuts no more rows than its
+  release's noise warrants);
+* the score ``g = sum_i clip_C(L^T grad l_i(theta_k)) + N(0, sigma_g^2 I)``;
+* the curvature ``K = -sym(sum_i clip_CH(L^T hess l_i(theta_k) L) + N(0, sigma_H^2 I))``;
+
+and moves the anchor by the Newton step on ``g``, ``K`` and the public
+prior's terms.  The last stage's release is the one the surrogate models;
+the earlier ones only bring its anchor within about a posterior sd of the
+mode, where the quadratic model of the log-likelihood holds (one stage from
+the prior is biased by the curvature's change on the way).
+
+Every release is Gaussian, so the phase is one Gaussian mechanism of ``mu^2 =
+sum 1 / z_i^2``: its noise multiplier ``z = 1 / mu`` is what the runner
+calibrates, split over the stages by :data:`STAGE_SHARES` and within each by
+:data:`ANCHOR_STAGE_SHARES` and :data:`RELEASE_STAGE_SHARES`.
+Each stage is charged, with all the others, before the first is computed.  A
+:class:`ScoreRelease` holds the released values and public facts only: no
+exact count, no point computed before noise, no row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pickle
+from pathlib import Path
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+
+from numpyro_dp.accounting import sensitivity_factor
+from numpyro_dp.kernels.base import release_clipped_sum
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.compiled import jit_once
+from numpyro_dp.primitives.gradients import clipped_grad_and_hessian_sums, vector_clip_bound
+from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.secret import noise_key
+from numpyro_dp.tuning import (
+    SCALE_GRID,
+    clip_rows_above,
+    gradient_scales,
+    histogram_quantile,
+    histogram_sensitivity,
+    release_histogram,
+)
+
+#: Shares of the phase's ``mu^2`` of the stages; the last is the release modelled.
+#: Each earlier stage has about half the next one's: its Newton step need only
+#: bring the anchor within reach of the next, whose noise is smaller.
+STAGE_SHARES = (0.3, 0.7)
+#: Shares of a stage's ``mu^2``: the two clip histograms, the score and the
+#: curvature, for the anchor's stages and for the last.  An anchor stage's
+#: curvature whitens the next stage (a direction it underestimates stays far
+#: off); in the last, the score sets where the posterior lies.
+ANCHOR_STAGE_SHARES = (0.05, 0.55, 0.4)
+RELEASE_STAGE_SHARES = (0.05, 0.75, 0.2)
+#: The released curvature's eigenvalues are raised to this many times
+#: ``sigma_H sqrt(d)`` (about half the noise matrix's spectral norm) for a
+#: Newton step: a direction the noise flattened would otherwise send it far.
+CURVATURE_FLOOR = 1.0
+#: Longest Newton step, in the whitened units of its stage, over ``sqrt(d)``: a
+#: trust region.  Where an earlier stage's noisy curvature made the whitening
+#: too narrow along a direction, the released curvature there is small and
+#: noisy, and the full step would overshoot by far; the next stage corrects.
+MAX_STEP = 3.0
+#: Quantile of the rows' whitened scales below which the clips lie at most
+#: (fewer rows cut where the noise is small: :func:`~numpyro_dp.tuning.clip_rows_above`).
+RELEASE_QUANTILE = 0.99
+#: The quadratic model of the log-likelihood around the anchor is trusted only
+#: within this many whitened units (about the anchor's posterior sds) of the
+#: release's mode (:meth:`ScoreRelease.trusted`).
+MAX_ANCHOR_DISTANCE = 3.0
+#: Version of the file format of :meth:`ScoreRelease.save`.
+FORMAT = 1
+
+
+def release_noise(noise_multiplier: float, stage: int) -> tuple[float, float, float]:
+    """``(z_histogram, z_score, z_curvature)`` of a stage of a phase of total ``z``.
+
+    The phase is one Gaussian mechanism of noise multiplier ``z``
+    (``1 / z^2 = sum 1 / z_i^2``), split by the shares; rounded up so the
+    parts never exceed the whole.
+    """
+    mu2 = STAGE_SHARES[stage] / noise_multiplier**2
+    last = stage == len(STAGE_SHARES) - 1
+    histogram, score, curvature = RELEASE_STAGE_SHARES if last else ANCHOR_STAGE_SHARES
+    up = 1 + 1e-9
+    return (math.sqrt(2 / (mu2 * histogram)) * up, math.sqrt(1 / (mu2 * score)) * up,
+            math.sqrt(1 / (mu2 * curvature)) * up)
+
+
+def release_entries(noise_multiplier: float) -> list[tuple[str, dpa.DpEvent, int]]:
+    """``(phase, per-release event, releases)`` of the phase at ``z``: one entry a stage,
+    its two histograms, score and curvature."""
+    entries = []
+    for stage in range(len(STAGE_SHARES)):
+        z_hist, z_score, z_curv = release_noise(noise_multiplier, stage)
+        last = stage == len(STAGE_SHARES) - 1
+        entries.append((
+            "score release" if last else f"anchor stage {stage + 1}",
+            dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z_hist), 2),
+                                 dpa.GaussianDpEvent(z_score), dpa.GaussianDpEvent(z_curv)]),
+            1))
+    return entries
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreRelease:
+    """What one score-and-curvature release published (public: post-processing only).
+
+    Attributes
+    ----------
+    anchor : ndarray, shape (d,)
+        ``theta_a``, the private anchor (flattened unconstrained parameters,
+        in the order of :meth:`PrivateModel.ravel`): a released warm start.
+    whiten : ndarray, shape (d, d)
+        ``L``: ``theta = theta_a + L v``; the anchor's Laplace covariance is ``L L^T``.
+    score : ndarray, shape (d,)
+        ``g``: the released clipped sum of the rows' whitened scores at the anchor.
+    curvature : ndarray, shape (d, d)
+        ``K``: the released clipped sum of the rows' whitened negative Hessians,
+        symmetrised (off-diagonal noise sd ``curvature_sd / sqrt 2``).
+    score_sd, curvature_sd : float
+        The noise sds of ``g`` and of each entry of the curvature before symmetrising.
+    clip, curvature_clip : float
+        The per-row clips (whitened gradient norm, Frobenius norm of the whitened Hessian).
+    clipped_share : float
+        The share of rows whose whitened gradient the clip cut, read off the
+        released histogram (the noisy sum of its bins above the clip: unbiased
+        but noisy, its sd the histogram's noise sd times the root of the number
+        of bins above).  Clipping bias is the one error the surrogate does not
+        model.
+    num_rows : int
+        ``n`` (public).
+    neighbourhood : str
+        The neighbourhood the release is private under.
+    param_shapes : dict
+        Unconstrained shape of each latent site (public structure).
+    data_plate : str
+        The model's plate over rows.
+    model_args, model_kwargs : tuple, dict
+        The model's public arguments with one zero stand-in row in place of the
+        rows: what the surrogate runs the model on.
+    """
+
+    anchor: np.ndarray
+    whiten: np.ndarray
+    score: np.ndarray
+    curvature: np.ndarray
+    score_sd: float
+    curvature_sd: float
+    clip: float
+    curvature_clip: float
+    clipped_share: float
+    num_rows: int
+    neighbourhood: str
+    param_shapes: dict
+    data_plate: str
+    model_args: tuple
+    model_kwargs: dict
+
+    @property
+    def num_params(self) -> int:
+        return int(self.anchor.size)
+
+    def whitened_mode(self) -> np.ndarray:
+        """``v`` where the release's likelihood peaks under a flat prior:
+        ``K^-1 g`` (the one-step Newton estimate), in anchor posterior sds."""
+        return np.linalg.solve(psd(self.curvature), self.score)
+
+    def anchor_distance(self) -> float:
+        """How far the anchor lies from the release's mode: the largest
+        ``|K^-1 g|`` coordinate, in the anchor's posterior sds (whitened units).
+
+        Small (about 1 or less) is the regime where the quadratic model of the
+        log-likelihood around the anchor is accurate.
+        """
+        return float(np.max(np.abs(self.whitened_mode())))
+
+    def trusted(self) -> tuple[bool, str]:
+        """Whether the release is in the regime its noise-aware model was shown
+        calibrated in, and why not (post-processing of the release only).
+
+        The curvature must stand out of its noise in every direction (each
+        eigenvalue above ``2 sigma_H sqrt(d)``, about the noise matrix's spectral
+        norm), and the anchor must lie within :data:`MAX_ANCHOR_DISTANCE` of the
+        release's mode.  Outside it the quadratic model is extrapolated and the
+        posterior may be too narrow or off centre (measured on small data sets:
+        scikit-learn's breast cancer, n = 569, and diabetes, n = 442).
+        """
+        d = self.num_params
+        smallest = float(np.linalg.eigvalsh(self.curvature).min())
+        noise = 2.0 * self.curvature_sd * math.sqrt(d)
+        if not smallest > noise:
+            return False, (f"the released curvature's smallest eigenvalue, {smallest:.3g}, "
+                           f"does not stand out of its noise ({noise:.3g})")
+        distance = self.anchor_distance()
+        if not distance <= MAX_ANCHOR_DISTANCE:
+            return False, (f"the anchor lies {distance:.3g} posterior sds from the release's "
+                           f"mode (the quadratic model is trusted within "
+                           f"{MAX_ANCHOR_DISTANCE:g})")
+        return True, ""
+
+    def log_likelihood(self, v: jax.Array) -> jax.Array:
+        """The noise-aware log-likelihood of the release at whitened ``v``.
+
+        Local asymptotic normality: the score at the anchor given the
+        parameter is about ``N(K v, K)``; the release adds the score's noise,
+        and the curvature's noise moves ``K v`` by ``dK v``, whose covariance
+        is ``sigma_H^2 / 2 (|v|^2 I + v v^T)`` for symmetrised noise.  So
+        ``g | v ~ N(K+ v, K+ + sigma_g^2 I + sigma_H^2 / 2 (|v|^2 I + v v^T))``
+        with ``K+`` the released curvature with its negative eigenvalues raised
+        to 0 (a direction the noise made negative carries no information).
+        """
+        dtype = jnp.result_type(v)
+        k = jnp.asarray(psd(self.curvature), dtype)
+        g = jnp.asarray(self.score, dtype)
+        d = self.num_params
+        eye = jnp.eye(d, dtype=dtype)
+        half = 0.5 * self.curvature_sd**2
+        cov = k + (self.score_sd**2 + half * jnp.sum(v**2)) * eye + half * jnp.outer(v, v)
+        chol = jnp.linalg.cholesky(cov)
+        r = jax.scipy.linalg.solve_triangular(chol, g - k @ v, lower=True)
+        return (-0.5 * jnp.sum(r**2) - jnp.sum(jnp.log(jnp.diag(chol)))
+                - 0.5 * d * math.log(2 * math.pi))
+
+    def __str__(self) -> str:
+        return (
+            f"ScoreRelease of {self.num_params} parameters from n = {self.num_rows} rows "
+            f"({self.neighbourhood}): score noise sd {self.score_sd:.3g}, curvature noise sd "
+            f"{self.curvature_sd:.3g} (whitened units); clips {self.clip:.3g} and "
+            f"{self.curvature_clip:.3g}, cutting about {self.clipped_share:.1%} of rows; "
+            f"the anchor lies {self.anchor_distance():.2g} posterior sds from the release's mode"
+        )
+
+    # ---------------------------------------------------------------- files
+    def save(self, path: str | Path) -> None:
+        """Write the release to ``path`` (a directory): arrays in ``release.npz``, public
+        facts in ``release.json``, the stand-in arguments in ``arguments.pickle``.
+
+        Everything written is public; load only files you wrote (pickle).
+        """
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        arrays = {k: getattr(self, k) for k in ("anchor", "whiten", "score", "curvature")}
+        np.savez(path / "release.npz", **arrays)
+        facts = {k: getattr(self, k) for k in (
+            "score_sd", "curvature_sd", "clip", "curvature_clip", "clipped_share",
+            "num_rows", "neighbourhood", "data_plate")}
+        facts["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
+        facts["format"] = FORMAT
+        (path / "release.json").write_text(json.dumps(facts, indent=1))
+        with open(path / "arguments.pickle", "wb") as f:
+            pickle.dump(jax.tree.map(np.asarray, (self.model_args, self.model_kwargs)), f)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ScoreRelease:
+        """Read a release written by :meth:`save`."""
+        path = Path(path)
+        facts = json.loads((path / "release.json").read_text())
+        if facts.pop("format") != FORMAT:
+            raise ValueError(f"{path} holds a release of another format than {FORMAT}.")
+        facts["param_shapes"] = {k: tuple(v) for k, v in facts["param_shapes"].items()}
+        with np.load(path / "release.npz") as arrays:
+            facts.update({k: arrays[k] for k in arrays.files})
+        with open(path / "arguments.pickle", "rb") as f:
+            facts["model_args"], facts["model_kwargs"] = pickle.load(f)
+        return cls(**facts)
+
+
+def psd(matrix: np.ndarray) -> np.ndarray:
+    """``matrix`` (symmetric) with its negative eigenvalues raised to 0."""
+    w, vectors = np.linalg.eigh(np.asarray(matrix, float))
+    return (vectors * np.maximum(w, 0.0)) @ vectors.T
+
+
+def stand_in_arguments(pm: PrivateModel) -> tuple[tuple, dict]:
+    """The model's public arguments with one zero row in place of each row array."""
+    rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in pm._row_specs]
+    return pm.rebuild(rows)
+
+
+def release_score(
+    pm: PrivateModel,
+    *,
+    start: jax.Array,
+    covariance: np.ndarray | None,
+    noise_multiplier: float,
+    neighbourhood: str,
+    rng_key: jax.Array,
+    rows: tuple,
+    secret: jax.Array,
+) -> ScoreRelease:
+    """Make the phase's releases (all charged by the caller beforehand).
+
+    ``start`` is the flat unconstrained point the first stage starts from and
+    ``covariance`` its whitening's ``L L^T`` (both public: the warm start's point
+    and Laplace covariance; None: the prior's scales); ``rows`` the private row arrays
+    (:meth:`PrivateModel.private_inputs`) and ``secret`` the run secret: the
+    arguments of every compiled function here, never constants of one.  Each
+    noise key is a PRF of the secret at a public key split from ``rng_key``.
+    """
+    dtype = start.dtype
+    d = start.shape[0]
+    factor = sensitivity_factor(neighbourhood)
+    stages = len(STAGE_SHARES)
+    z_min = min(min(release_noise(noise_multiplier, k)[1:]) for k in range(stages))
+    histograms = _histograms(pm, neighbourhood)
+    sums = _sums(pm, sum_levels(z_min * factor, dtype), factor)
+    theta = start
+    whiten = None if covariance is None else jnp.asarray(
+        np.linalg.cholesky(np.asarray(covariance, float)), dtype)
+    for stage, key in enumerate(random.split(rng_key, stages)):
+        z_hist, z_score, z_curv = release_noise(noise_multiplier, stage)
+        key_hist, key_g, key_h = random.split(key, 3)
+        if whiten is None:
+            whiten = jnp.asarray(np.diag(_prior_scales(sums.prior_hessian(theta, rows))), dtype)
+        counts = np.asarray(histograms(theta, whiten, jnp.asarray(z_hist, dtype), key_hist,
+                                       rows, secret))
+        hist_sd = z_hist * histogram_sensitivity(neighbourhood)
+        clip = histogram_quantile(counts[0], pm.num_rows, RELEASE_QUANTILE, hist_sd,
+                                  clip_rows_above(z_score, neighbourhood))
+        curvature_clip = histogram_quantile(counts[1], pm.num_rows, RELEASE_QUANTILE, hist_sd,
+                                            clip_rows_above(z_curv, neighbourhood))
+        g, g_sd, h, h_sd, prior_grad, prior_hess = (np.asarray(x, float) for x in sums(
+            theta, jnp.asarray(clip, dtype), jnp.asarray(curvature_clip, dtype), whiten,
+            jnp.asarray(z_score, dtype), jnp.asarray(z_curv, dtype), key_g, key_h, rows,
+            secret))
+        h = h.reshape(d, d)
+        curvature = -(h + h.T) / 2
+        if stage == stages - 1:
+            break
+        theta, whiten = _newton_step(theta, whiten, g, curvature, float(h_sd), prior_grad,
+                                     prior_hess)
+    args, kwargs = stand_in_arguments(pm)
+    return ScoreRelease(
+        anchor=np.asarray(theta, float), whiten=np.asarray(whiten, float), score=g,
+        curvature=curvature, score_sd=float(g_sd), curvature_sd=float(h_sd), clip=float(clip),
+        curvature_clip=float(curvature_clip),
+        clipped_share=min(1.0, rows_above(counts[0], clip) / pm.num_rows),
+        num_rows=pm.num_rows, neighbourhood=neighbourhood, param_shapes=dict(pm.param_shapes),
+        data_plate=pm.data_plate, model_args=args, model_kwargs=kwargs,
+    )
+
+
+def _prior_scales(prior_hessian: np.ndarray) -> np.ndarray:
+    """The first stage's whitening: the prior's sd along each coordinate (1 where the
+    prior is flat: an improper prior has no scale)."""
+    precision = np.diag(-np.asarray(prior_hessian, float))
+    return np.where(precision > 0, 1.0 / np.sqrt(np.maximum(precision, 1e-300)), 1.0)
+
+
+def _newton_step(theta, whiten, g, curvature, curvature_sd, prior_grad, prior_hess):
+    """The next anchor and its whitening: the Newton step on the released score and
+    curvature and the prior's terms, in the whitened coordinates (post-processing).
+
+    ``prior_grad`` and ``prior_hess`` are the log prior's gradient and Hessian at
+    ``theta`` in the model's coordinates.  The precision's eigenvalues are raised to
+    :data:`CURVATURE_FLOOR` times the curvature noise's scale, and the step is at
+    most :data:`MAX_STEP` ``sqrt(d)`` long.
+    """
+    d = g.shape[0]
+    L = np.asarray(whiten, float)
+    precision = curvature - L.T @ prior_hess @ L
+    w, vectors = np.linalg.eigh((precision + precision.T) / 2)
+    w = np.maximum(w, CURVATURE_FLOOR * curvature_sd * math.sqrt(d) + 1e-12)
+    covariance = (vectors / w) @ vectors.T
+    move = covariance @ (g + L.T @ prior_grad)
+    move *= min(1.0, MAX_STEP * math.sqrt(d) / max(float(np.linalg.norm(move)), 1e-300))
+    if not (np.all(np.isfinite(move)) and np.all(np.isfinite(covariance))):
+        raise FloatingPointError(
+            "The private Newton steps diverged (a non-finite point): give the model "
+            "tighter priors, or a larger budget."
+        )
+    new_whiten = L @ np.linalg.cholesky(covariance)
+    return (jnp.asarray(np.asarray(theta, float) + L @ move, theta.dtype),
+            jnp.asarray(new_whiten, theta.dtype))
+
+
+def rows_above(counts: np.ndarray, clip: float) -> float:
+    """Noisy number of rows above ``clip`` (a grid edge) in a released histogram: the
+    sum of every bin above it (unbiased; rows too few to stand out of the noise
+    count too), at least 0 (post-processing)."""
+    first = int(np.searchsorted(SCALE_GRID, clip)) + 1  # bin k holds (edge k-1, edge k]
+    return max(0.0, float(np.asarray(counts, float)[first:].sum()))
+
+
+def _histograms(pm: PrivateModel, neighbourhood: str):
+    """The compiled release of a stage's two histograms (gradient and Hessian norms)."""
+    def release(theta, whiten, z_hist, key, rows, secret):
+        args, kwargs = pm.rebuild(rows)
+        out = []
+        for scale, k in zip(("norm", "hessian"), random.split(key), strict=True):
+            values = gradient_scales(pm, scale, theta, k, args, kwargs, whiten)
+            out.append(release_histogram(noise_key(secret, k), values, z_hist, neighbourhood,
+                                         pm.row_mask(), pm.num_rows))
+        return jnp.stack(out)
+
+    return jit_once(release)
+
+
+def _sums(pm: PrivateModel, levels: int, factor: float):
+    """The compiled release of a stage's score and curvature, with the prior's terms;
+    its ``prior_hessian(theta, rows)`` alone is the log prior's Hessian."""
+    def prior(theta, rows):
+        args, kwargs = pm.rebuild(rows)
+        return pm.log_density_terms(pm.unravel(theta), args, kwargs).prior
+
+    @jit_once
+    def release(theta, clip, curvature_clip, whiten, z_score, z_curv, key_g, key_h, rows,
+                secret):
+        args, kwargs = pm.rebuild(rows)
+        d = theta.shape[0]
+        total_g, total_h = clipped_grad_and_hessian_sums(
+            pm, theta, clip, curvature_clip, args, kwargs, levels, whiten)
+        g, g_sd = release_clipped_sum(
+            noise_key(secret, key_g), total_g, pm.num_rows,
+            vector_clip_bound(clip, d, theta.dtype), noise_multiplier=z_score,
+            sensitivity_factor=factor)
+        h, h_sd = release_clipped_sum(
+            noise_key(secret, key_h), total_h, pm.num_rows,
+            vector_clip_bound(curvature_clip, d * d, theta.dtype), noise_multiplier=z_curv,
+            sensitivity_factor=factor)
+        return (g, g_sd, h, h_sd, jax.grad(prior)(theta, rows),
+                jax.hessian(prior)(theta, rows))
+
+    release.prior_hessian = jit_once(jax.hessian(prior))
+    return release

@@ -1,0 +1,202 @@
+"""ndp.NoiseAwareNUTS (issue 37): releases once, charged first; then NUTS on the
+surrogate for free, as NumPyro's MCMC runs; the release is a public object that
+can be saved, loaded and sampled again without the rows."""
+
+import dataclasses
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from _support.data import make_logistic_data
+from numpyro.infer import MCMC, NUTS, Predictive
+
+import numpyro_dp as ndp
+from numpyro_dp.releases import noise_aware, score
+
+N, D = 2000, 2
+EPSILON, DELTA = 3.0, 1e-6
+
+
+def model(X, y=None):
+    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
+    w = numpyro.sample("w", dist.Normal(0.0, 2.5).expand([X.shape[1]]).to_event(1))
+    scale = numpyro.deterministic("scale", jnp.exp(b0))  # data-free: kept
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.deterministic("eta", b0 + X @ w)  # per row: left out
+        numpyro.sample("y", dist.Bernoulli(logits=b0 + X @ w), obs=y)
+    return scale
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_logistic_data(N, D, seed=3, w_true=[1.0, -0.5])
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, y = data
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=300, num_samples=300,
+                           num_chains=2, chain_method="vectorized", epsilon=EPSILON,
+                           delta=DELTA, progress_bar=False)
+    with pytest.warns(UserWarning, match="eta"):
+        mcmc.run(jax.random.PRNGKey(0), X, y=y, extra_fields=("diverging", "num_steps"))
+    return mcmc
+
+
+def test_charges_the_releases_once_then_samples_for_free(fitted, data):
+    spent = fitted.privacy_spent()
+    phases = [(e.phase, e.num_chains, e.num_iterations) for e in spent.ledger]
+    assert phases == [("clip selection", 1, 4), ("warm start", 1, 1),
+                      ("anchor stage 1", 1, 1), ("score release", 1, 1),
+                      ("warmup+sample", 2, 600)]
+    assert 0.999 * EPSILON < spent.epsilon <= EPSILON
+    sampling = spent.ledger[-1]
+    assert sampling.per_iteration == ndp.NoiseAwareNUTS(model).per_iteration_event()
+    assert fitted.get_extra_fields()["diverging"].shape == (600,)
+    # A second call draws more: nothing is charged, the release is the same object.
+    release = fitted.release
+    X, y = data
+    fitted.run(jax.random.PRNGKey(1), X, y=y)
+    assert fitted.privacy_spent().epsilon == spent.epsilon
+    assert fitted.release is release
+
+
+def test_draws_work_as_numpyros(fitted, data):
+    X, _ = data
+    samples = fitted.get_samples()
+    assert set(samples) == {"b0", "w", "scale"}  # the per-row deterministic is left out
+    assert samples["w"].shape == (600, D)
+    np.testing.assert_allclose(samples["scale"], np.exp(samples["b0"]), rtol=1e-5)
+    assert fitted.mixing.max_rhat < 1.05
+    idata = ndp.to_inference_data(fitted)
+    assert az.summary(idata, var_names=["w"]).shape[0] == D
+    pred = Predictive(model, fitted.get_samples())(jax.random.PRNGKey(2), X)
+    assert pred["y"].shape == (600, N)
+
+
+def test_posterior_is_near_nuts_and_calibrated(fitted, data):
+    """Against NUTS on the same data: within a few private sds (the release's noise
+    at epsilon 3, n = 2000, is about half a posterior sd), and about as wide."""
+    X, y = data
+    ref = MCMC(NUTS(model), num_warmup=300, num_samples=600, progress_bar=False)
+    ref.run(jax.random.PRNGKey(3), X, y=y)
+    for name in ("b0", "w"):
+        private, exact = np.asarray(fitted.get_samples()[name]), np.asarray(ref.get_samples()[name])
+        z = np.abs(private.mean(0) - exact.mean(0)) / private.std(0)
+        assert np.all(z < 3.0), (name, z)
+        assert np.all((private.std(0) / exact.std(0) > 0.8) & (private.std(0) / exact.std(0) < 2))
+
+
+def test_release_holds_released_values_and_public_facts_only(fitted, data):
+    release = fitted.release
+    X, _ = data
+    assert release.num_rows == N and release.neighbourhood == "substitute"
+    assert release.param_shapes == {"b0": (), "w": (D,)}
+    # The stand-in arguments: one zero row, nothing of the data.
+    (x_stand_in,), kwargs = release.model_args, release.model_kwargs
+    assert x_stand_in.shape == (1, D) and not np.any(x_stand_in)
+    assert not np.any(kwargs["y"])
+    for field in dataclasses.fields(release):
+        value = getattr(release, field.name)
+        assert not (np.ndim(value) and np.shape(value)[0] == N), field.name
+    assert 0.0 <= release.clipped_share <= 1.0
+    assert "posterior sds from the release's mode" in str(release)
+
+
+def test_neighbours_differ_only_through_the_noise(data):
+    """An attacker's comparison: with the same (test-only) noise, the public facts of
+    two neighbours' releases are identical, and every released number moves when only
+    the noise changes (none is an exact function of the rows)."""
+    X, y = data
+    y2 = y.copy()
+    y2[0] = 1 - y2[0]
+
+    def release(rows_y, seed):
+        mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=5, num_samples=5,
+                               epsilon=EPSILON, delta=DELTA, progress_bar=False,
+                               reproducible_noise=True, check_mixing=False)
+        with pytest.warns(UserWarning):
+            mcmc.run(jax.random.PRNGKey(seed), X, y=rows_y)
+        return mcmc.release
+
+    a, b, c = release(y, 0), release(y2, 0), release(y, 1)
+    for name in ("num_rows", "neighbourhood", "param_shapes", "data_plate"):
+        assert getattr(a, name) == getattr(b, name)
+    jax.tree.map(np.testing.assert_array_equal, (a.model_args, a.model_kwargs),
+                 (b.model_args, b.model_kwargs))
+    for name in ("anchor", "whiten", "score", "curvature"):
+        assert not np.allclose(getattr(a, name), getattr(c, name)), name
+
+
+def test_a_release_is_saved_loaded_and_sampled_without_the_rows(fitted, data, tmp_path):
+    fitted.release.save(tmp_path / "release")
+    loaded = ndp.ScoreRelease.load(tmp_path / "release")
+    for field in ("anchor", "whiten", "score", "curvature"):
+        np.testing.assert_array_equal(getattr(loaded, field), getattr(fitted.release, field))
+    assert loaded.param_shapes == fitted.release.param_shapes
+    # A new runner on the loaded release charges nothing and reads no row: rows of
+    # zeros give the draws that the data give.
+    X, y = data
+    draws = []
+    for rows in ((X, y), (np.zeros_like(X), np.zeros_like(y))):
+        mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model, release=loaded), num_warmup=100,
+                               num_samples=100, epsilon=1.0, delta=DELTA, progress_bar=False)
+        with pytest.warns(UserWarning, match="eta"):
+            mcmc.run(jax.random.PRNGKey(5), rows[0], y=rows[1])
+        assert mcmc.privacy_spent().epsilon == 0.0
+        draws.append(mcmc.get_samples()["w"])
+    np.testing.assert_array_equal(*draws)
+    # The surrogate is an ordinary NumPyro model.
+    plain = MCMC(NUTS(noise_aware.surrogate_model(model, loaded)), num_warmup=100,
+                 num_samples=100, progress_bar=False)
+    plain.run(jax.random.PRNGKey(6))
+    assert noise_aware.RELEASE_SITE not in plain.get_samples()
+    assert abs(plain.get_samples()["w"].mean(0) - draws[0].mean(0)).max() < 0.1
+
+
+def test_refused_where_it_cannot_run(data):
+    X, y = data
+
+    def discrete(X, y=None):
+        k = numpyro.sample("k", dist.Bernoulli(0.5))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=k * X[:, 0]), obs=y)
+
+    with pytest.raises(ndp.ModelSpecificationError, match="discrete"):
+        ndp.PrivateMCMC(ndp.NoiseAwareNUTS(discrete), num_warmup=5, num_samples=5,
+                        epsilon=EPSILON, delta=DELTA).run(jax.random.PRNGKey(0), X, y=y)
+    # Plain NumPyro cannot run it: nothing would be charged.
+    with pytest.raises(RuntimeError, match="PrivateMCMC"):
+        MCMC(ndp.NoiseAwareNUTS(model), num_warmup=5, num_samples=5,
+             progress_bar=False).run(jax.random.PRNGKey(0), X, y=y)
+    # A budget that cannot pay is refused before anything is charged.
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=5, num_samples=5,
+                           epsilon=1e-4, delta=DELTA, progress_bar=False)
+    with pytest.raises(ndp.PrivacyBudgetError):
+        mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    assert mcmc.privacy_spent().num_releases == 0
+
+
+def test_a_release_too_noisy_for_its_model_is_flagged(data):
+    """200 rows at epsilon 0.3: the curvature does not stand out of its noise; the run
+    is charged and goes ahead, with a CalibrationWarning that says why."""
+    X, y = data
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=50, num_samples=50,
+                           epsilon=0.3, delta=DELTA, progress_bar=False, check_mixing=False)
+    with pytest.warns(ndp.CalibrationWarning, match="too noisy"):
+        mcmc.run(jax.random.PRNGKey(0), X[:200], y=y[:200])
+    assert not mcmc.release.trusted()[0]
+
+
+def test_stage_noise_adds_up_to_the_phase():
+    """The stages' Gaussian releases form one mechanism of the phase's noise multiplier."""
+    z = 3.7
+    mu2 = 0.0
+    for stage in range(len(score.STAGE_SHARES)):
+        z_hist, z_score, z_curv = score.release_noise(z, stage)
+        mu2 += 2 / z_hist**2 + 1 / z_score**2 + 1 / z_curv**2
+    assert mu2 <= 1 / z**2 and mu2 == pytest.approx(1 / z**2, rel=1e-8)
