@@ -181,8 +181,9 @@ class ScoreRelease:
 
     def whitened_mode(self) -> np.ndarray:
         """``v`` where the release's likelihood peaks under a flat prior:
-        ``K^-1 g`` (the one-step Newton estimate), in anchor posterior sds."""
-        return np.linalg.solve(psd(self.curvature), self.score)
+        ``K^-1 g`` (the one-step Newton estimate), in anchor posterior sds; a
+        pseudo-inverse where the released curvature is flat."""
+        return np.linalg.pinv(psd(self.curvature)) @ self.score
 
     def anchor_distance(self) -> float:
         """How far the anchor lies from the release's mode: the largest
