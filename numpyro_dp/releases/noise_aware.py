@@ -193,7 +193,7 @@ class NoiseAwareNUTS(DPKernel):
         release = release_score(
             pm, start=start, covariance=covariance,
             noise_multiplier=self.noise_multiplier, neighbourhood=self.neighbourhood,
-            rng_key=rng_key, rows=rows, secret=secret,
+            rng_key=key, rows=rows, secret=secret,
         )
         object.__setattr__(self, "release", release)
         trusted, why = release.trusted()
