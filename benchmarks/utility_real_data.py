@@ -373,7 +373,7 @@ def run_linreg(name, args, ref, eps, seed):
     }
 
 
-def write_outputs(rows, out: Path) -> None:
+def _write_csv(rows, out: Path) -> None:
     import csv
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -381,6 +381,22 @@ def write_outputs(rows, out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend, or None without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_outputs(rows, out: Path) -> None:
+    _write_csv(rows, out)
     header = ("| case | epsilon | kernel | plan | error (NUTS sds) | sd ratio | R-hat | "
               "eps warm start / clips / sampling | wall s |\n"
               "|---|---|---|---|---|---|---|---|---|\n")
@@ -395,12 +411,8 @@ def write_outputs(rows, out: Path) -> None:
         for r in rows
     ]
     out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     for (case, kernel) in dict.fromkeys((r["case"], r["kernel"]) for r in rows):
@@ -417,13 +429,7 @@ def write_outputs(rows, out: Path) -> None:
 
 def write_noise_aware(rows, out: Path) -> None:
     """The noise-aware route's table (per case and epsilon, over seeds) and figure."""
-    import csv
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_csv(rows, out)
     header = ("| case | n | epsilon | seeds | RMS error / floor (NUTS sds) | max error | sd ratio "
               "| NUTS mean in private 90% | max error (private sds) | rows clipped | "
               "CalibrationWarning | wall / NUTS |\n"
@@ -442,12 +448,8 @@ def write_noise_aware(rows, out: Path) -> None:
             f"{sum(1 - r['trusted'] for r in sel):.0f} of {len(sel)} | "
             f"{np.median([r['wall_ratio_to_nuts'] for r in sel]):.2f} |")
     out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, case in enumerate(dict.fromkeys(r["case"] for r in rows)):
