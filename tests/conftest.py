@@ -75,3 +75,14 @@ def release_compiled_programs():
         jax.clear_caches()
         compiled.clear()
         gc.collect()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Schedule the slow tests first (a stable sort).
+
+    Under pytest-xdist each worker takes the next test as it finishes one: a
+    test of ten minutes taken last kept one of CI's two workers busy long after
+    the other had finished (the slowest, the sharding tests over every kernel,
+    run for 5-14 minutes each).  Taken first, the short tests fill in around them.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -200,3 +200,37 @@ def test_stage_noise_adds_up_to_the_phase():
         z_hist, z_score, z_curv = score.release_noise(z, stage)
         mu2 += 2 / z_hist**2 + 1 / z_score**2 + 1 / z_curv**2
     assert mu2 <= 1 / z**2 and mu2 == pytest.approx(1 / z**2, rel=1e-8)
+
+
+def test_combined_scores_are_unbiased_with_the_stated_covariance():
+    """On a quadratic log-likelihood (closed form), an earlier stage's score moved to the
+    last anchor observes the same score: the GLS combination is unbiased, its noise
+    covariance is the one stated, and smaller than the last stage's alone; a stage
+    farther than COMBINE_RADIUS is left out."""
+    rng = np.random.default_rng(0)
+    d, draws = 3, 20_000
+    a = rng.normal(size=(d, d))
+    k = np.eye(d) + 0.1 * (a + a.T)  # the last stage's whitened curvature (exact here)
+    s = rng.normal(size=d)  # the exact score at the last anchor
+    last_whiten = np.linalg.cholesky(np.eye(d) + 0.2 * np.ones((d, d)))
+    whiten_1 = last_whiten @ np.diag([1.3, 0.8, 1.1])  # stage 1's whitening
+    u = np.array([0.5, -1.0, 0.3])  # stage 1's anchor, in the last stage's whitened units
+    m = np.linalg.solve(last_whiten, whiten_1)
+    sd_1, sd_2 = 1.5, 1.0
+    estimates = np.empty((draws, d))
+    for i in range(draws):
+        g_1 = m.T @ (s - k @ u) + sd_1 * rng.normal(size=d)
+        g_2 = s + sd_2 * rng.normal(size=d)
+        stages = [(last_whiten @ u, whiten_1, g_1, sd_1), (np.zeros(d), last_whiten, g_2, sd_2)]
+        estimates[i], covariance, combined = score.combine_scores(stages, k, 0.0)
+    assert combined == 2
+    standard_error = np.sqrt(np.diag(covariance) / draws)
+    np.testing.assert_array_less(np.abs(estimates.mean(0) - s), 4 * standard_error)
+    # The covariance estimate's relative error is about sqrt(2 / draws) = 1%.
+    np.testing.assert_allclose(np.cov(estimates, rowvar=False), covariance, atol=0.05 * sd_2**2)
+    assert np.all(np.linalg.eigvalsh(sd_2**2 * np.eye(d) - covariance) > 0)
+    far = [(last_whiten @ (u * 4), whiten_1, g_1, sd_1), (np.zeros(d), last_whiten, g_2, sd_2)]
+    g, covariance, combined = score.combine_scores(far, k, 0.0)
+    assert combined == 1
+    np.testing.assert_allclose(g, g_2)
+    np.testing.assert_allclose(covariance, sd_2**2 * np.eye(d))

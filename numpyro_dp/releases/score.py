@@ -17,9 +17,13 @@ stage's posterior covariance (the prior's at the first).  A stage releases
 
 and moves the anchor by the Newton step on ``g``, ``K`` and the public
 prior's terms.  The last stage's release is the one the surrogate models;
-the earlier ones only bring its anchor within about a posterior sd of the
-mode, where the quadratic model of the log-likelihood holds (one stage from
-the prior is biased by the curvature's change on the way).
+the earlier ones bring its anchor within about a posterior sd of the mode,
+where the quadratic model of the log-likelihood holds (one stage from the
+prior is biased by the curvature's change on the way).  An earlier stage whose
+anchor lands within :data:`COMBINE_RADIUS` of the last one's is not wasted:
+its score, moved to the last anchor by the last curvature, is a second noisy
+observation of the same score, and the two are combined by generalised least
+squares (:func:`combine_scores`).
 
 Every release is Gaussian, so the phase is one Gaussian mechanism of ``mu^2 =
 sum 1 / z_i^2``: its noise multiplier ``z = 1 / mu`` is what the runner
@@ -86,8 +90,13 @@ RELEASE_QUANTILE = 0.99
 #: within this many whitened units (about the anchor's posterior sds) of the
 #: release's mode (:meth:`ScoreRelease.trusted`).
 MAX_ANCHOR_DISTANCE = 3.0
+#: An earlier stage's score joins the last one's (:func:`combine_scores`) when its
+#: anchor lies within this many of the last anchor's whitened units (about
+#: posterior sds) in every coordinate: there the curvature has hardly changed,
+#: so the score moved by the released curvature is unbiased to first order.
+COMBINE_RADIUS = 1.5
 #: Version of the file format of :meth:`ScoreRelease.save`.
-FORMAT = 1
+FORMAT = 2
 
 
 def release_noise(noise_multiplier: float, stage: int) -> tuple[float, float, float]:
@@ -132,12 +141,20 @@ class ScoreRelease:
     whiten : ndarray, shape (d, d)
         ``L``: ``theta = theta_a + L v``; the anchor's Laplace covariance is ``L L^T``.
     score : ndarray, shape (d,)
-        ``g``: the released clipped sum of the rows' whitened scores at the anchor.
+        ``g``: the released clipped sum of the rows' whitened scores at the
+        anchor, combined with the earlier stages' that lie near it
+        (:func:`combine_scores`).
     curvature : ndarray, shape (d, d)
         ``K``: the released clipped sum of the rows' whitened negative Hessians,
         symmetrised (off-diagonal noise sd ``curvature_sd / sqrt 2``).
+    score_covariance : ndarray, shape (d, d)
+        The covariance of ``g``'s noise: ``score_sd^2 I`` for the last stage's
+        score alone, less where earlier stages' joined it.
     score_sd, curvature_sd : float
-        The noise sds of ``g`` and of each entry of the curvature before symmetrising.
+        The noise sds of the last stage's score and of each entry of its
+        curvature before symmetrising.
+    stages_combined : int
+        How many stages' scores ``g`` combines (1: the last stage's alone).
     clip, curvature_clip : float
         The per-row clips (whitened gradient norm, Frobenius norm of the whitened Hessian).
     clipped_share : float
@@ -163,8 +180,10 @@ class ScoreRelease:
     whiten: np.ndarray
     score: np.ndarray
     curvature: np.ndarray
+    score_covariance: np.ndarray
     score_sd: float
     curvature_sd: float
+    stages_combined: int
     clip: float
     curvature_clip: float
     clipped_share: float
@@ -225,8 +244,9 @@ class ScoreRelease:
         parameter is about ``N(K v, K)``; the release adds the score's noise,
         and the curvature's noise moves ``K v`` by ``dK v``, whose covariance
         is ``sigma_H^2 / 2 (|v|^2 I + v v^T)`` for symmetrised noise.  So
-        ``g | v ~ N(K+ v, K+ + sigma_g^2 I + sigma_H^2 / 2 (|v|^2 I + v v^T))``
-        with ``K+`` the released curvature with its negative eigenvalues raised
+        ``g | v ~ N(K+ v, K+ + S + sigma_H^2 / 2 (|v|^2 I + v v^T))``
+        with ``S`` the score's noise covariance (:attr:`score_covariance`) and
+        ``K+`` the released curvature with its negative eigenvalues raised
         to 0 (a direction the noise made negative carries no information).
         """
         dtype = jnp.result_type(v)
@@ -235,7 +255,8 @@ class ScoreRelease:
         d = self.num_params
         eye = jnp.eye(d, dtype=dtype)
         half = 0.5 * self.curvature_sd**2
-        cov = k + (self.score_sd**2 + half * jnp.sum(v**2)) * eye + half * jnp.outer(v, v)
+        cov = (k + jnp.asarray(self.score_covariance, dtype) + half * jnp.sum(v**2) * eye
+               + half * jnp.outer(v, v))
         chol = jnp.linalg.cholesky(cov)
         r = jax.scipy.linalg.solve_triangular(chol, g - k @ v, lower=True)
         return (-0.5 * jnp.sum(r**2) - jnp.sum(jnp.log(jnp.diag(chol)))
@@ -245,7 +266,8 @@ class ScoreRelease:
         return (
             f"ScoreRelease of {self.num_params} parameters from n = {self.num_rows} rows "
             f"({self.neighbourhood}): score noise sd {self.score_sd:.3g}, curvature noise sd "
-            f"{self.curvature_sd:.3g} (whitened units); clips {self.clip:.3g} and "
+            f"{self.curvature_sd:.3g} (whitened units; {self.stages_combined} stages' scores "
+            f"combined); clips {self.clip:.3g} and "
             f"{self.curvature_clip:.3g}, cutting about {self.clipped_share:.1%} of rows; "
             f"the anchor lies {self.anchor_distance():.2g} posterior sds from the release's mode"
         )
@@ -259,11 +281,12 @@ class ScoreRelease:
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        arrays = {k: getattr(self, k) for k in ("anchor", "whiten", "score", "curvature")}
+        arrays = {k: getattr(self, k) for k in ("anchor", "whiten", "score", "curvature",
+                                                 "score_covariance")}
         np.savez(path / "release.npz", **arrays)
         facts = {k: getattr(self, k) for k in (
-            "score_sd", "curvature_sd", "clip", "curvature_clip", "clipped_share",
-            "num_rows", "neighbourhood", "data_plate")}
+            "score_sd", "curvature_sd", "stages_combined", "clip", "curvature_clip",
+            "clipped_share", "num_rows", "neighbourhood", "data_plate")}
         facts["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
         facts["format"] = FORMAT
         (path / "release.json").write_text(json.dumps(facts, indent=1))
@@ -325,6 +348,7 @@ def release_score(
     histograms = _histograms(pm, neighbourhood)
     sums = _sums(pm, sum_levels(z_min * factor, dtype), factor)
     theta = start
+    stages_made = []
     whiten = None if covariance is None else jnp.asarray(
         np.linalg.cholesky(np.asarray(covariance, float)), dtype)
     for stage, key in enumerate(random.split(rng_key, stages)):
@@ -345,19 +369,64 @@ def release_score(
             secret))
         h = h.reshape(d, d)
         curvature = -(h + h.T) / 2
+        stages_made.append((np.asarray(theta, float), np.asarray(whiten, float), g, float(g_sd)))
         if stage == stages - 1:
             break
         theta, whiten = _newton_step(theta, whiten, g, curvature, float(h_sd), prior_grad,
                                      prior_hess)
     args, kwargs = stand_in_arguments(pm)
+    score, score_covariance, combined = combine_scores(stages_made, curvature, float(h_sd))
     return ScoreRelease(
-        anchor=np.asarray(theta, float), whiten=np.asarray(whiten, float), score=g,
-        curvature=curvature, score_sd=float(g_sd), curvature_sd=float(h_sd), clip=float(clip),
+        anchor=np.asarray(theta, float), whiten=np.asarray(whiten, float), score=score,
+        curvature=curvature, score_covariance=score_covariance, score_sd=float(g_sd),
+        curvature_sd=float(h_sd), stages_combined=combined, clip=float(clip),
         curvature_clip=float(curvature_clip),
         clipped_share=min(1.0, rows_above(counts[0], clip) / pm.num_rows),
         num_rows=pm.num_rows, neighbourhood=neighbourhood, param_shapes=dict(pm.param_shapes),
         data_plate=pm.data_plate, model_args=args, model_kwargs=kwargs,
     )
+
+
+def combine_scores(stages: list, curvature: np.ndarray, curvature_sd: float
+                   ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The stages' released scores as one observation of the score at the last anchor
+    (post-processing): ``(g, S, m)``, the combined score, its noise covariance and
+    the number of stages combined.
+
+    ``stages`` holds each stage's ``(anchor, whitening, score, score noise sd)``, the
+    last stage's last; ``curvature`` is the last stage's ``K``.  In the last stage's
+    whitened coordinates, stage ``j``'s anchor is at ``u_j = L^-1 (theta_j - theta_a)``
+    and its whitening is ``M_j = L^-1 L_j``.  Where the log-likelihood is quadratic,
+    its score ``g_j = M_j^T (s - K u_j) + e_j`` (``s`` the score at the last anchor),
+    so ``y_j = M_j^-T g_j + K+ u_j`` observes ``s`` with noise covariance
+    ``sigma_j^2 (M_j M_j^T)^-1`` plus the first-order effect of the curvature's noise
+    on ``K+ u_j``, ``sigma_H^2 / 2 (|u_j|^2 I + u_j u_j^T)``.  The noises are
+    independent, so generalised least squares combines them.  A stage joins only
+    when its anchor lies within :data:`COMBINE_RADIUS` of the last one in every
+    coordinate (farther, the curvature may have changed on the way).
+    """
+    last_anchor, last_whiten, last_score, last_sd = stages[-1]
+    d = last_score.shape[0]
+    inverse = np.linalg.inv(last_whiten)
+    k = psd(curvature)
+    precision = np.eye(d) / last_sd**2
+    weighted = last_score / last_sd**2
+    combined = 1
+    for anchor, whiten, g, sd in stages[:-1]:
+        u = inverse @ (anchor - last_anchor)
+        if not np.max(np.abs(u)) <= COMBINE_RADIUS:
+            continue
+        m = inverse @ whiten
+        y = np.linalg.solve(m.T, g) + k @ u
+        cov = (sd**2 * np.linalg.inv(m @ m.T)
+               + 0.5 * curvature_sd**2 * (u @ u * np.eye(d) + np.outer(u, u)))
+        p = np.linalg.inv((cov + cov.T) / 2)
+        precision += p
+        weighted += p @ y
+        combined += 1
+    covariance = np.linalg.inv(precision)
+    covariance = (covariance + covariance.T) / 2
+    return covariance @ weighted, covariance, combined
 
 
 def _prior_scales(prior_hessian: np.ndarray) -> np.ndarray:
