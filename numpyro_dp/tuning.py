@@ -86,11 +86,11 @@ WARM_START_STAGES = len(WARM_START_STAGE_SHARES)
 #: stage's whole share (the Laplace covariance is made of it).
 HESSIAN_SHARE = 0.2
 #: Quantile of the per-row gradient norms (and Hessian norms) that clips the
-#: warm start (the final stage's gradients cut fewer rows where its noise is
-#: small: :func:`clip_rows_above`).  Not the median of DP-SGD (Andrew et al. 2021): a clip that
-#: cuts many rows moves the point where the clipped gradients balance (on
-#: statsmodels' ``fair``, 9 posterior sds at the 30% quantile of the mode's
-#: norms, 2.3 at the 90%).
+#: warm start (the final stage's gradients and Hessian cut fewer rows where
+#: their noise is small: :func:`clip_rows_above`).  Not the median of DP-SGD
+#: (Andrew et al. 2021): a clip that cuts many rows moves the point where the
+#: clipped gradients balance (on statsmodels' ``fair``, 9 posterior sds at the
+#: 30% quantile of the mode's norms, 2.3 at the 90%).
 WARM_START_QUANTILE = 0.9
 
 
@@ -569,7 +569,12 @@ def run_tuning(
                 # more rows than its noise warrants.
                 clip = quantile(histogram(theta, "norm", whiten), WARM_START_QUANTILE,
                                 z_grad if final else None)
-            hessian_clip = quantile(histogram(theta, "hessian", whiten), WARM_START_QUANTILE)
+            # So does its Hessian's: a curvature clipped low makes every Newton step
+            # too long (on statsmodels' randhie counts the heaviest tenth of the rows
+            # carry most of it, and the final stage's iterates swung by 20 posterior
+            # sds at epsilon 1e7), and the Laplace covariance too wide.
+            hessian_clip = quantile(histogram(theta, "hessian", whiten), WARM_START_QUANTILE,
+                                    z_hess if final else None)
             theta, error, covariance = warm(
                 theta, jnp.asarray(clip, dtype), jnp.asarray(hessian_clip, dtype), whiten,
                 jnp.asarray(z_grad, dtype), jnp.asarray(z_hess, dtype),
