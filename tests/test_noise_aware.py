@@ -234,3 +234,19 @@ def test_combined_scores_are_unbiased_with_the_stated_covariance():
     assert combined == 1
     np.testing.assert_allclose(g, g_2)
     np.testing.assert_allclose(covariance, sd_2**2 * np.eye(d))
+
+
+def test_a_clip_is_never_below_a_rows_typical_whitened_value():
+    """Where the histogram's noise hides the rows, its quantile is far below where they
+    lie (turnout, n = 2000 at epsilon 1: 15-55% of the rows cut); the clip is then
+    TYPICAL_CLIPS times a row's typical whitened value. Where the histogram sees rows
+    above that, they set it."""
+    n, d = 2000, 5
+    typical = np.sqrt(d / n)
+    edges = score.SCALE_GRID
+    counts = np.zeros(edges.size + 1)
+    counts[np.searchsorted(edges, typical / 2)] = n  # all rows, one bin, no noise
+    low = score.release_clip(counts, n, 0.0, 10.0, typical)
+    assert low == score.TYPICAL_CLIPS * typical
+    counts[np.searchsorted(edges, 100 * typical)] = 500  # heavy rows the histogram sees
+    assert score.release_clip(counts, n, 0.0, 10.0, typical) > 100 * typical
