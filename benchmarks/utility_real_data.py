@@ -271,10 +271,22 @@ def run_noise_aware(name, model, args, kwargs, ref, eps, seed, num_warmup, num_s
     mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=num_warmup,
                            num_samples=num_samples, num_chains=4, epsilon=eps, delta=DELTA,
                            progress_bar=False, chain_method="vectorized")
+    floor = floor_rms(model, args, kwargs, theta, eps)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
+    except ndp.UnusableReleaseError:  # an error, not a confidently wrong posterior
+        nan = float("nan")
+        return {"case": name, "epsilon": eps, "kernel": "NoiseAwareNUTS", "seed": seed,
+                "refused": 1.0, "rms_sd": nan, "err_sd": nan, "floor_rms": floor,
+                "sd_ratio_min": nan, "sd_ratio_max": nan, "inside90": nan,
+                "max_private_sds": nan, "clipped_share": mcmc.release.clipped_share,
+                "anchor_distance": mcmc.release.anchor_distance(), "trusted": 0.0,
+                "rhat": nan, "eps_total": mcmc.privacy_spent().epsilon,
+                "wall_s": time.perf_counter() - t0,
+                "wall_ratio_to_nuts": (time.perf_counter() - t0) / nuts_wall}
     wall = time.perf_counter() - t0
     draws = _flat(mcmc.get_samples(), names)
     err = (draws.mean(0) - mu) / sd
@@ -282,8 +294,9 @@ def run_noise_aware(name, model, args, kwargs, ref, eps, seed, num_warmup, num_s
     lo, hi = np.quantile(draws, 0.05, axis=0), np.quantile(draws, 0.95, axis=0)
     return {
         "case": name, "epsilon": eps, "kernel": "NoiseAwareNUTS", "seed": seed,
+        "refused": 0.0,
         "rms_sd": float(np.sqrt(np.mean(err**2))), "err_sd": float(np.max(np.abs(err))),
-        "floor_rms": floor_rms(model, args, kwargs, theta, eps),
+        "floor_rms": floor,
         "sd_ratio_min": float(ratio.min()), "sd_ratio_max": float(ratio.max()),
         "inside90": float(np.mean((mu >= lo) & (mu <= hi))),
         "max_private_sds": float(np.max(np.abs(draws.mean(0) - mu) / draws.std(0))),
@@ -432,20 +445,22 @@ def write_noise_aware(rows, out: Path) -> None:
     _write_csv(rows, out)
     header = ("| case | n | epsilon | seeds | RMS error / floor (NUTS sds) | max error | sd ratio "
               "| NUTS mean in private 90% | max error (private sds) | rows clipped | "
-              "CalibrationWarning | wall / NUTS |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+              "CalibrationWarning | refused | wall / NUTS |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for case, eps in dict.fromkeys((r["case"], r["epsilon"]) for r in rows):
         sel = [r for r in rows if r["case"] == case and r["epsilon"] == eps]
-        rms = ", ".join(f"{r['rms_sd']:.2f}" for r in sel)
+        ran = [r for r in sel if not r["refused"]] or [{k: float("nan") for k in sel[0]}]
+        rms = ", ".join("refused" if r["refused"] else f"{r['rms_sd']:.2f}" for r in sel)
         lines.append(
             f"| {case} | {int(sel[0]['num_rows'])} | {eps:g} | {len(sel)} | {rms} / "
-            f"{sel[0]['floor_rms']:.2f} | {max(r['err_sd'] for r in sel):.2f} | "
-            f"{min(r['sd_ratio_min'] for r in sel):.2f}-{max(r['sd_ratio_max'] for r in sel):.2f}"
-            f" | {np.mean([r['inside90'] for r in sel]):.0%} | "
-            f"{max(r['max_private_sds'] for r in sel):.2f} | "
+            f"{sel[0]['floor_rms']:.2f} | {max(r['err_sd'] for r in ran):.2f} | "
+            f"{min(r['sd_ratio_min'] for r in ran):.2f}-{max(r['sd_ratio_max'] for r in ran):.2f}"
+            f" | {np.mean([r['inside90'] for r in ran]):.0%} | "
+            f"{max(r['max_private_sds'] for r in ran):.2f} | "
             f"{max(r['clipped_share'] for r in sel):.1%} | "
-            f"{sum(1 - r['trusted'] for r in sel):.0f} of {len(sel)} | "
+            f"{sum(1 - r['trusted'] for r in ran if not r['refused']):.0f} of {len(sel)} | "
+            f"{sum(r['refused'] for r in sel):.0f} of {len(sel)} | "
             f"{np.median([r['wall_ratio_to_nuts'] for r in sel]):.2f} |")
     out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
     plt = _pyplot()
@@ -455,7 +470,8 @@ def write_noise_aware(rows, out: Path) -> None:
     for i, case in enumerate(dict.fromkeys(r["case"] for r in rows)):
         sel = [r for r in rows if r["case"] == case]
         eps = sorted({r["epsilon"] for r in sel})
-        ax.plot(eps, [np.mean([r["rms_sd"] for r in sel if r["epsilon"] == e]) for e in eps],
+        ax.plot(eps, [np.mean([r["rms_sd"] for r in sel if r["epsilon"] == e
+                               and not r["refused"]]) for e in eps],
                 marker="o", color=f"C{i}", label=case)
         ax.plot(eps, [next(r["floor_rms"] for r in sel if r["epsilon"] == e) for e in eps],
                 ls="--", color=f"C{i}", lw=0.8)

@@ -64,7 +64,11 @@ from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
 from numpyro_dp.releases import fisher, linreg, mechanisms, smooth_sensitivity
-from numpyro_dp.releases.noise_aware import CalibrationWarning, NoiseAwareNUTS
+from numpyro_dp.releases.noise_aware import (
+    CalibrationWarning,
+    NoiseAwareNUTS,
+    UnusableReleaseError,
+)
 from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
 from numpyro_dp.releases.score import ScoreRelease
 from numpyro_dp.tuning import TuningResult
@@ -103,6 +107,7 @@ __all__ = [
     "PMMH",
     "AccountantWarning",
     "CalibrationWarning",
+    "UnusableReleaseError",
     "PrivacyBudgetError",
     "PrivacyLedger",
     "PrivacySpent",

@@ -37,7 +37,6 @@ The sampler is then calibrated to what is left.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 
@@ -443,6 +442,26 @@ def warm_start_fn(
     return run
 
 
+def scale_histogram(pm: PrivateModel, scale: str, neighbourhood: str) -> Callable:
+    """The compiled release of the histogram of one private value per row, the
+    ``scale`` of :func:`gradient_scales`: ``run(theta, whiten, noise_multiplier, key,
+    rows, secret)`` (:func:`release_histogram`; its noise key a PRF of ``secret``
+    at ``key``).
+
+    One program per model and scale, compiled once per process (a re-run
+    compiles nothing); the rows and the secret are its arguments, never
+    constants.  The warm start's and clip selection's histograms and
+    :class:`~numpyro_dp.NoiseAwareNUTS`'s are all made here.
+    """
+    def release(theta, whiten, noise_multiplier, key, rows, secret):
+        args, kwargs = pm.rebuild(rows)
+        values = gradient_scales(pm, scale, theta, key, args, kwargs, whiten)
+        return release_histogram(noise_key(secret, key), values, noise_multiplier,
+                                 neighbourhood, pm.row_mask(), pm.num_rows)
+
+    return jit_once(release)
+
+
 def gradient_scales(pm: PrivateModel, scale: str, theta, key, model_args, model_kwargs,
                     whiten=None):
     """One private value per row: the ``scale`` of :class:`ClipRequest` (or
@@ -517,24 +536,16 @@ def run_tuning(
     at a public key folded from ``rng_key``.
     """
     keys = iter(random.split(rng_key, 16))
-
-    # One program per scale kind, compiled once per process (a re-run of the
-    # same configuration compiles nothing); rows and secret are arguments.
-    def release(scale, theta, whiten, key, rows, secret):
-        args, kwargs = pm.rebuild(rows)
-        values = gradient_scales(pm, scale, theta, key, args, kwargs, whiten)
-        return release_histogram(noise_key(secret, key), values,
-                                 plan.noise_multiplier_histogram, neighbourhood,
-                                 pm.row_mask(), pm.num_rows)
-
     releases = {}
     dtype = theta0.dtype
 
     def histogram(theta, scale, whiten=None):
         whiten = jnp.eye(theta0.shape[0], dtype=dtype) if whiten is None else whiten
         if scale not in releases:
-            releases[scale] = jit_once(functools.partial(release, scale))
-        return np.asarray(releases[scale](theta, whiten, next(keys), rows, secret))
+            releases[scale] = scale_histogram(pm, scale, neighbourhood)
+        return np.asarray(releases[scale](
+            theta, whiten, jnp.asarray(plan.noise_multiplier_histogram, dtype), next(keys),
+            rows, secret))
 
     def quantile(counts, q, noise_multiplier=None):
         """The ``q`` quantile, cutting no more rows than the release's noise warrants."""

@@ -41,7 +41,8 @@ def fitted(data):
     X, y = data
     mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=300, num_samples=300,
                            num_chains=2, chain_method="vectorized", epsilon=EPSILON,
-                           delta=DELTA, progress_bar=False)
+                           delta=DELTA, progress_bar=False,
+                           reproducible_noise=True)  # a fixed seed: the tests' one release
     with pytest.warns(UserWarning, match="eta"):
         mcmc.run(jax.random.PRNGKey(0), X, y=y, extra_fields=("diverging", "num_steps"))
     return mcmc
@@ -250,3 +251,18 @@ def test_a_clip_is_never_below_a_rows_typical_whitened_value():
     assert low == score.TYPICAL_CLIPS * typical
     counts[np.searchsorted(edges, 100 * typical)] = 500  # heavy rows the histogram sees
     assert score.release_clip(counts, n, 0.0, 10.0, typical) > 100 * typical
+
+
+def test_a_release_whose_anchor_is_far_from_its_mode_is_refused(fitted):
+    """A release whose mode lies more than MAX_MODEL_DISTANCE anchor sds away is refused
+    after its charge (post-processing: it says how far); passed back explicitly, it is
+    sampled with a CalibrationWarning, the user's choice."""
+    release = fitted.release
+    k = score.psd(release.curvature)
+    far = dataclasses.replace(release, score=k @ np.full(release.num_params, 40.0))
+    assert far.anchor_distance() > score.MAX_MODEL_DISTANCE
+    with pytest.raises(ndp.UnusableReleaseError, match="anchor lies 40"):
+        noise_aware.check_release(far, refuse=True)
+    with pytest.warns(ndp.CalibrationWarning, match="40"):
+        ndp.NoiseAwareNUTS(model, release=far)
+    noise_aware.check_release(release, refuse=True)  # the fitted one: usable

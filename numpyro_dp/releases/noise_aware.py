@@ -31,6 +31,7 @@ from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.releases.score import (
+    MAX_MODEL_DISTANCE,
     ScoreRelease,
     release_entries,
     release_score,
@@ -81,6 +82,35 @@ def surrogate_model(model: Callable, release: ScoreRelease) -> Callable:
 
 class CalibrationWarning(UserWarning):
     """The release lies outside the regime its noise-aware model is calibrated in."""
+
+
+class UnusableReleaseError(RuntimeError):
+    """The release's anchor lies so far from its mode that its model cannot be sampled."""
+
+
+def check_release(release: ScoreRelease, *, refuse: bool) -> None:
+    """Warn (:class:`CalibrationWarning`) where ``release`` is not trusted, and with
+    ``refuse`` raise :class:`UnusableReleaseError` where its anchor lies more than
+    :data:`~numpyro_dp.releases.score.MAX_MODEL_DISTANCE` posterior sds from its
+    mode (post-processing of the release: free)."""
+    distance = release.anchor_distance()
+    if refuse and not distance <= MAX_MODEL_DISTANCE:
+        raise UnusableReleaseError(
+            f"The private release cannot be used: its anchor lies {distance:.3g} posterior "
+            f"sds from the release's mode (more than {MAX_MODEL_DISTANCE:g}), so far that "
+            "its quadratic model of the log-likelihood does not hold and the posterior "
+            "could be confidently wrong. The budget is spent; a larger epsilon (or more "
+            "rows) makes the anchor land nearer. mcmc.release holds the release: "
+            "ndp.NoiseAwareNUTS(model, release=mcmc.release) samples it anyway, with a "
+            "CalibrationWarning, at your own risk."
+        )
+    trusted, why = release.trusted()
+    if not trusted:
+        warnings.warn(
+            f"The private release is too noisy for its model to be trusted: {why}. "
+            "The posterior may be too narrow or off centre. The budget is spent; a "
+            "larger epsilon (or more rows) makes the release trustworthy: "
+            "mcmc.release says how far it is.", CalibrationWarning, stacklevel=4)
 
 
 class NoiseAwareNUTS(DPKernel):
@@ -140,6 +170,8 @@ class NoiseAwareNUTS(DPKernel):
                 f"The release is private under {release.neighbourhood!r}, not "
                 f"{self.neighbourhood!r}: build the kernel with its neighbourhood."
             )
+        if release is not None:
+            check_release(release, refuse=False)  # the user's choice: sampled, with a warning
         self.release = release
         self.dense_mass = dense_mass
         self.target_accept_prob = target_accept_prob
@@ -196,13 +228,7 @@ class NoiseAwareNUTS(DPKernel):
             rng_key=key, rows=rows, secret=secret,
         )
         object.__setattr__(self, "release", release)
-        trusted, why = release.trusted()
-        if not trusted:  # post-processing of the release: free
-            warnings.warn(
-                f"The private release is too noisy for its model to be trusted: {why}. "
-                "The posterior may be too narrow or off centre. The budget is spent; a "
-                "larger epsilon (or more rows) makes the release trustworthy: "
-                "mcmc.release says how far it is.", CalibrationWarning, stacklevel=3)
+        check_release(release, refuse=True)
 
     # ------------------------------------------------------------ sampling
     def _inner(self, init_strategy: Callable | None = None) -> NUTS:
