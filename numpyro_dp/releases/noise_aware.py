@@ -142,6 +142,14 @@ class NoiseAwareNUTS(DPKernel):
     runner calibrates).  Sampling is in the ledger at zero cost.  Clipping bias
     is the one error the surrogate does not model: ``mcmc.release.clipped_share``
     says how many rows the clip cut.
+
+    Raises
+    ------
+    UnusableReleaseError
+        After the charge, where the release's anchor lies more than
+        :data:`~numpyro_dp.releases.score.MAX_MODEL_DISTANCE` posterior sds from its
+        mode (a :class:`CalibrationWarning` where it lies outside the calibrated
+        regime but nearer); passing ``release=mcmc.release`` samples it anyway.
     """
 
     releases_once = True
