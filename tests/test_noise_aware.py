@@ -3,6 +3,7 @@ surrogate for free, as NumPyro's MCMC runs; the release is a public object that
 can be saved, loaded and sampled again without the rows."""
 
 import dataclasses
+import itertools
 
 import arviz as az
 import jax
@@ -205,37 +206,77 @@ def test_stage_noise_adds_up_to_the_phase():
 
 
 def test_combined_scores_are_unbiased_with_the_stated_covariance():
-    """On a quadratic log-likelihood (closed form), an earlier stage's score moved to the
-    last anchor observes the same score: the GLS combination is unbiased, its noise
-    covariance is the one stated, and smaller than the last stage's alone; a stage
-    farther than COMBINE_RADIUS is left out."""
+    """On a cubic log-likelihood (closed form), an earlier stage's score moved to the
+    last anchor by the trapezoid rule observes the same score: the GLS combination is
+    unbiased (the one-sided move by the last curvature alone would err by
+    T[u, u] / 2, here over 10 standard errors), its noise covariance is the one
+    stated, and smaller than the last stage's alone; a stage farther than
+    COMBINE_RADIUS, or whose curvature does not stand out of its noise, is left out."""
     rng = np.random.default_rng(0)
     d, draws = 3, 20_000
     a = rng.normal(size=(d, d))
-    k = np.eye(d) + 0.1 * (a + a.T)  # the last stage's whitened curvature (exact here)
+    k = np.eye(d) + 0.1 * (a + a.T)  # the whitened curvature at the last anchor (exact)
+    t = rng.normal(size=(d, d, d))
+    t = 0.05 * sum(t.transpose(p) for p in itertools.permutations(range(3)))  # symmetric
     s = rng.normal(size=d)  # the exact score at the last anchor
     last_whiten = np.linalg.cholesky(np.eye(d) + 0.2 * np.ones((d, d)))
     whiten_1 = last_whiten @ np.diag([1.3, 0.8, 1.1])  # stage 1's whitening
-    u = np.array([0.5, -1.0, 0.3])  # stage 1's anchor, in the last stage's whitened units
+    u = np.array([1.2, -1.5, 0.9])  # stage 1's anchor, in the last stage's whitened units
     m = np.linalg.solve(last_whiten, whiten_1)
+    score_1 = s - k @ u - 0.5 * np.einsum("ijk,j,k->i", t, u, u)  # the score at u
+    curvature_1 = m.T @ (k + np.einsum("ijk,k->ij", t, u)) @ m  # stage 1's, its coordinates
     sd_1, sd_2 = 1.5, 1.0
     estimates = np.empty((draws, d))
     for i in range(draws):
-        g_1 = m.T @ (s - k @ u) + sd_1 * rng.normal(size=d)
+        g_1 = m.T @ score_1 + sd_1 * rng.normal(size=d)
         g_2 = s + sd_2 * rng.normal(size=d)
-        stages = [(last_whiten @ u, whiten_1, g_1, sd_1), (np.zeros(d), last_whiten, g_2, sd_2)]
+        stages = [(last_whiten @ u, whiten_1, g_1, sd_1, curvature_1, 0.0),
+                  (np.zeros(d), last_whiten, g_2, sd_2, k, 0.0)]
         estimates[i], covariance, combined = score.combine_scores(stages, k, 0.0)
     assert combined == 2
     standard_error = np.sqrt(np.diag(covariance) / draws)
     np.testing.assert_array_less(np.abs(estimates.mean(0) - s), 4 * standard_error)
+    one_sided_bias = covariance @ np.linalg.inv(sd_1**2 * np.linalg.inv(m @ m.T)) @ (
+        0.5 * np.einsum("ijk,j,k->i", t, u, u))
+    assert np.max(np.abs(one_sided_bias) / standard_error) > 10
     # The covariance estimate's relative error is about sqrt(2 / draws) = 1%.
     np.testing.assert_allclose(np.cov(estimates, rowvar=False), covariance, atol=0.05 * sd_2**2)
     assert np.all(np.linalg.eigvalsh(sd_2**2 * np.eye(d) - covariance) > 0)
-    far = [(last_whiten @ (u * 4), whiten_1, g_1, sd_1), (np.zeros(d), last_whiten, g_2, sd_2)]
-    g, covariance, combined = score.combine_scores(far, k, 0.0)
-    assert combined == 1
-    np.testing.assert_allclose(g, g_2)
-    np.testing.assert_allclose(covariance, sd_2**2 * np.eye(d))
+    far = [(last_whiten @ (u * 5), whiten_1, g_1, sd_1, curvature_1, 0.0),
+           (np.zeros(d), last_whiten, g_2, sd_2, k, 0.0)]
+    noisy = [stages[0][:5] + (1.0,), stages[1]]  # margin 2 sqrt(3) > its eigenvalues
+    for left_out in (far, noisy):
+        g, covariance, combined = score.combine_scores(left_out, k, 0.0)
+        assert combined == 1
+        np.testing.assert_allclose(g, g_2)
+        np.testing.assert_allclose(covariance, sd_2**2 * np.eye(d))
+
+
+def test_curvature_noise_enters_the_combination_as_stated():
+    """With noisy curvatures (the last stage's and the earlier stage's), the combined
+    score's spread matches the stated covariance (first order in the noise)."""
+    rng = np.random.default_rng(1)
+    d, draws = 3, 20_000
+    k = np.eye(d)
+    s = rng.normal(size=d)
+    whiten_1 = np.diag([1.2, 0.9, 1.0])
+    m = whiten_1  # the last whitening is the identity
+    u = np.array([1.0, -1.2, 0.5])
+    sd_1, sd_2, sd_h1, sd_h = 1.0, 1.0, 0.05, 0.04
+
+    def noise(sd):
+        e = sd * rng.normal(size=(d, d))
+        return (e + e.T) / 2
+
+    estimates = np.empty((draws, d))
+    for i in range(draws):
+        g_1 = m.T @ (s - k @ u) + sd_1 * rng.normal(size=d)
+        g_2 = s + sd_2 * rng.normal(size=d)
+        k_last = k + noise(sd_h)
+        stages = [(u, whiten_1, g_1, sd_1, m.T @ k @ m + noise(sd_h1), sd_h1),
+                  (np.zeros(d), np.eye(d), g_2, sd_2, k_last, sd_h)]
+        estimates[i], covariance, _ = score.combine_scores(stages, k_last, sd_h)
+    np.testing.assert_allclose(np.cov(estimates, rowvar=False), covariance, atol=0.05 * sd_2**2)
 
 
 def test_a_clip_is_never_below_a_rows_typical_whitened_value():
