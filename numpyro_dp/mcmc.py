@@ -515,6 +515,12 @@ class PrivateMCMC(MCMC):
             reproducible_noise=self.reproducible_noise,
         )
 
+    def _note(self, text: str) -> None:
+        """Write ``text`` (post-processing of charged releases) into the ledger, at no cost."""
+        self._ledger.record(LedgerEntry(
+            type(self.sampler).__name__, "notes", 1, 0, dpa.NoOpDpEvent(),
+            reproducible_noise=self.reproducible_noise, label=text))
+
     def _warn_if_noise_caps_the_steps(self, z: float, warm_start: bool) -> None:
         """Before anything is charged: warn when the planner would call the run infeasible."""
         pm = self.sampler._private_model
@@ -802,7 +808,7 @@ class PrivateMCMC(MCMC):
                                      TUNING_KEY_TAG + 2)
             with mesh_on(run_mesh):
                 kernel.make_release(pm, self.tuning, rng_key=key, rows=rows,
-                                    secret=jnp.asarray(secret))
+                                    secret=jnp.asarray(secret), note=self._note)
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one

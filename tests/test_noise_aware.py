@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 
 import arviz as az
+import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,9 +55,13 @@ def test_charges_the_releases_once_then_samples_for_free(fitted, data):
     phases = [(e.phase, e.num_chains, e.num_iterations) for e in spent.ledger]
     assert phases == [("clip selection", 1, 4), ("warm start", 1, 1),
                       ("anchor stage 1", 1, 1), ("score release", 1, 1),
-                      ("warmup+sample", 2, 600)]
+                      ("warmup+sample", 2, 600), ("notes", 1, 0)]
     assert 0.999 * EPSILON < spent.epsilon <= EPSILON
-    sampling = spent.ledger[-1]
+    # The ledger's notes say where the anchor lay (post-processing of the release, free).
+    notes = spent.ledger[-1]
+    assert notes.per_iteration == dpa.NoOpDpEvent() and notes.label == str(fitted.release)
+    assert f"{fitted.release.anchor_distance():.2g} posterior sds" in str(spent)
+    sampling = spent.ledger[-2]
     assert sampling.per_iteration == ndp.NoiseAwareNUTS(model).per_iteration_event()
     assert fitted.get_extra_fields()["diverging"].shape == (600,)
     # A second call draws more: nothing is charged, the release is the same object.

@@ -184,8 +184,8 @@ class PrivacySpent:
         ]
         for e in self.ledger:
             lines.append(
-                f"  {e.kernel} {e.phase}: {e.num_chains} chain(s) x "
-                f"{e.num_iterations} iterations"
+                f"  {e.kernel} {e.phase}: {e.label}" if e.num_iterations == 0 and e.label else
+                f"  {e.kernel} {e.phase}: {e.num_chains} chain(s) x {e.num_iterations} iterations"
             )
         return "\n".join(lines)
 

@@ -559,9 +559,10 @@ class DPKernel(MCMCKernel):
         return []
 
     def make_release(self, pm: PrivateModel, tuning, *, rng_key, rows: tuple,
-                     secret) -> None:
+                     secret, note: Callable[[str], None]) -> None:
         """Make the releases of :meth:`release_entries` (already charged) on ``rows``,
-        after the run's tuning (``tuning``: its :class:`~numpyro_dp.TuningResult`)."""
+        after the run's tuning (``tuning``: its :class:`~numpyro_dp.TuningResult`);
+        ``note(text)`` writes post-processing of them into the ledger's notes."""
         raise NotImplementedError
 
     def clip_requests(self) -> tuple[ClipRequest, ...]:

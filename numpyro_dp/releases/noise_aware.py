@@ -220,9 +220,11 @@ class NoiseAwareNUTS(DPKernel):
         return self.release is None
 
     def make_release(self, pm: PrivateModel, tuning, *, rng_key, rows: tuple,
-                     secret) -> None:
+                     secret, note: Callable[[str], None]) -> None:
         """The charged releases (the runner's step), from the warm start of ``tuning``
-        (without one, from ``init_strategy``'s point, which sees only the priors)."""
+        (without one, from ``init_strategy``'s point, which sees only the priors);
+        the release's summary (its noise, clips and the anchor's distance from its
+        mode in posterior sds) goes into the ledger's notes, refused or not."""
         key_init, key = jax.random.split(rng_key)
         covariance = None
         if tuning is not None and tuning.start is not None:
@@ -236,6 +238,7 @@ class NoiseAwareNUTS(DPKernel):
             rng_key=key, rows=rows, secret=secret,
         )
         object.__setattr__(self, "release", release)
+        note(str(release))
         check_release(release, refuse=True)
 
     # ------------------------------------------------------------ sampling
