@@ -56,7 +56,13 @@ from numpyro_dp.primitives.gradients import (
     row_hessian_norms,
     vector_clip_bound,
 )
-from numpyro_dp.primitives.rounding import grid_quantum, grid_release, grid_sensitivity, sum_levels
+from numpyro_dp.primitives.rounding import (
+    grid_quantum,
+    grid_release,
+    grid_sensitivity,
+    noise_scale,
+    sum_levels,
+)
 from numpyro_dp.primitives.secret import noise_key
 
 #: Edges of the histogram of per-row scales: 2^-16 ... 2^24, a factor of
@@ -293,8 +299,8 @@ def release_histogram(
     n = values.shape[0] if num_rows is None else num_rows
     quantum = grid_quantum(n, sigma0, values.dtype)
     sensitivity = histogram_sensitivity(neighbourhood) + grid_sensitivity(quantum, dim)
-    return grid_release(key, counts, jnp.zeros_like(counts), noise_multiplier * sensitivity,
-                        quantum)
+    return grid_release(key, counts, jnp.zeros_like(counts),
+                        noise_scale(noise_multiplier, sensitivity, values.dtype), quantum)
 
 
 def histogram_quantile(

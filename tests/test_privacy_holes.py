@@ -25,7 +25,7 @@ from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
 from numpyro_dp.kernels.base import clipped_sum_sensitivity, release_clipped_sum
-from numpyro_dp.primitives.rounding import exact_sum
+from numpyro_dp.primitives.rounding import exact_sum, noise_scale
 from numpyro_dp.primitives.secret import ReproducibleNoiseWarning
 
 N = 601
@@ -338,6 +338,35 @@ def test_9_release_output_lies_on_a_grid_coarser_than_the_noise():
                                      sensitivity_factor=2.0)
     cell = 2.0 ** np.floor(np.log2(float(sigma) / 2**8))
     assert float(out) / cell == np.round(float(out) / cell)
+
+
+def test_9_a_multiplier_cast_to_float32_still_draws_the_charged_noise(monkeypatch):
+    """The charged noise multiplier reaches a compiled release cast into the working
+    dtype (float32 rounds it down by up to a unit roundoff); the noise scale drawn is
+    still at least the charged z times the sensitivity, for the clip histograms too
+    (which once multiplied without the margin)."""
+    from numpyro_dp import tuning
+
+    rng = np.random.default_rng(0)
+    z = rng.uniform(0.1, 50.0, 2000)
+    sensitivity = rng.uniform(1e-3, 10.0, 2000)
+    cast = np.float32(z)
+    assert np.any(cast.astype(float) < z)  # some casts round down
+    scale = np.asarray(noise_scale(jnp.asarray(cast), jnp.asarray(sensitivity, jnp.float32),
+                                   jnp.float32), float)
+    assert np.all(scale >= z * np.float32(sensitivity).astype(float))
+    drawn = []
+    monkeypatch.setattr(tuning, "grid_release",
+                        lambda key, hi, lo, scale, quantum: drawn.append(scale) or hi)
+    spacing = float(np.spacing(np.float32(3.0)))
+    z_low = 3.0 + 0.49 * spacing  # the float32 cast rounds it down to 3
+    values = jnp.asarray(rng.uniform(0.0, 4.0, 300), jnp.float32)
+    tuning.release_histogram(jax.random.PRNGKey(0), values, jnp.float32(z_low), "substitute")
+    sigma0 = z_low * tuning.histogram_sensitivity("substitute")
+    quantum = float(tuning.grid_quantum(300, sigma0, jnp.float32))
+    charged = tuning.histogram_sensitivity("substitute") + float(
+        tuning.grid_sensitivity(quantum, tuning.SCALE_GRID.size + 1))
+    assert float(drawn[0]) >= z_low * charged
 
 
 # ---------------------------------------------------------- 11. smaller leaks

@@ -52,9 +52,9 @@ from numpyro_dp.primitives.rounding import (
     grid_quantum,
     grid_release,
     grid_sensitivity,
+    noise_scale,
     row_quantum,
     sum_levels,
-    unit_roundoff,
 )
 from numpyro_dp.primitives.sharding import chains_split, over_row_shards
 
@@ -219,7 +219,7 @@ def release_clipped_sum(
     sensitivity, quantum = clipped_sum_sensitivity(
         num_terms, row_bound, sensitivity_factor, max(1, hi.size), nominal, dtype
     )
-    sigma = noise_multiplier * sensitivity * (1.0 + 8 * unit_roundoff(dtype))
+    sigma = noise_scale(noise_multiplier, sensitivity, dtype)
     return grid_release(key, hi, lo, sigma, quantum), sigma
 
 

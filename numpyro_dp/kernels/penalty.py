@@ -71,6 +71,7 @@ from numpyro_dp.primitives.rounding import (
     grid_quantum,
     grid_release,
     grid_sensitivity,
+    noise_scale,
     row_quantum,
     sum_levels,
     unit_roundoff,
@@ -216,7 +217,7 @@ def release_batch_sums(
     magnitude = scale * b * c1 + scale**2 * b * c1**2
     quantum = grid_quantum(magnitude, noise_multiplier * sensitivity, value.dtype)
     sensitivity = sensitivity + grid_sensitivity(quantum, 1)
-    sigma = noise_multiplier * sensitivity * (1.0 + 8 * unit_roundoff(value.dtype))
+    sigma = noise_scale(noise_multiplier, sensitivity, value.dtype)
     return grid_release(key, value, jnp.zeros_like(value), sigma, quantum), sigma
 
 

@@ -75,6 +75,17 @@ def unit_roundoff(dtype) -> float:
     return 2.0 ** -significand_bits(dtype)
 
 
+def noise_scale(noise_multiplier, sensitivity, dtype):
+    """The noise sd ``z Delta`` of a release charged at noise multiplier ``z``, rounded up.
+
+    ``z`` may reach here cast into ``dtype`` (a float32 cast can round it down by a unit
+    roundoff) and the product rounds once or twice more; 8 unit roundoffs of ``dtype``
+    cover all of them, so the noise drawn is never below what the accountant charged.
+    Every Gaussian and Laplace release's scale is computed here.
+    """
+    return noise_multiplier * sensitivity * (1.0 + 8 * unit_roundoff(dtype))
+
+
 # --------------------------------------------------------- double-word sums
 def two_sum(a, b):
     """``s + e == a + b`` exactly, ``s = fl(a + b)`` (Knuth)."""

@@ -78,6 +78,7 @@ from numpyro_dp.primitives.rounding import (
     grid_quantum,
     grid_release,
     grid_sensitivity,
+    noise_scale,
     unit_roundoff,
 )
 from numpyro_dp.primitives.secret import noise_key, run_secret
@@ -277,7 +278,7 @@ def grid_plan(
         quantum = float(grid_quantum(magnitude, noise_multiplier * sensitivity, jnp.float64))
     norm = "l2" if noise == "gaussian" else "l1"
     computed = sensitivity + 2.0 * error + grid_sensitivity(quantum, dim, norm)
-    scale = noise_multiplier * computed * (1.0 + 8 * U64)
+    scale = noise_scale(noise_multiplier, computed, np.float64)
     return GridPlan(scale, quantum, noise)
 
 
