@@ -7,7 +7,8 @@ model on fixed public covariates (uniform on [-1, 1]^2, group labels in turn),
 runs the route on each simulated data set, and reports the rank histograms'
 chi-square p-values (5 bins; passed when every one exceeds 0.01 / coordinates)
 and the coverage of the 50% and 90% intervals with Monte Carlo standard errors
-(passed within 3).  ``CalibrationWarning`` runs are counted.
+(passed within 3).  ``CalibrationWarning`` runs are counted, and refused ones
+(``UnusableReleaseError``: no draws, left out of the ranks).
 
 Run (hours on two cores at the defaults; one cell takes 100 runs)::
 
@@ -111,6 +112,7 @@ def main() -> None:
                        "coverage90": result.coverage[0.9], "se90": result.coverage_se[0.9],
                        "min_p_value": float(result.p_values.min()),
                        "coordinates": len(result.names), "warned": int(sum(warned)),
+                       "refused": result.refused,
                        "wall_s": time.perf_counter() - t0}
                 print(row, flush=True)
                 rows.append(row)
@@ -122,12 +124,12 @@ def main() -> None:
         writer.writerows(rows)
     lines = [f"| {r['model']} | {r['n']} | {r['epsilon']:g} | {r['simulations']} | "
              f"{r['coverage50']:.1%} ({r['se50']:.1%}) | {r['coverage90']:.1%} ({r['se90']:.1%}) "
-             f"| {r['min_p_value']:.3g} ({r['coordinates']}) | {r['warned']} | "
+             f"| {r['min_p_value']:.3g} ({r['coordinates']}) | {r['warned']} | {r['refused']} | "
              f"{'yes' if r['passed'] else 'NO'} |" for r in rows]
     out.with_suffix(".md").write_text(
         "| model | n | epsilon | simulations | 50% coverage (se) | 90% coverage (se) | "
-        "smallest rank p (coordinates) | CalibrationWarnings | passed |\n"
-        "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+        "smallest rank p (coordinates) | CalibrationWarnings | refused | passed |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

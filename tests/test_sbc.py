@@ -39,6 +39,25 @@ def test_harness_passes_the_exact_posterior_and_fails_an_overconfident_one():
     assert "FAILED" in str(narrow)
 
 
+def test_refused_simulations_are_counted_not_ranked():
+    """A route that refuses a simulated data set (UnusableReleaseError after its charge)
+    leaves it out of the ranks and counts it; refusing all of them is an error."""
+    def sometimes(key, n, y):
+        if float(jnp.mean(y)) > 0.5:
+            raise ndp.UnusableReleaseError("anchor too far")
+        return exact_route()(key, n, y)
+
+    result = ndp.evaluation.sbc(sometimes, normal_mean, 30, num_simulations=40)
+    assert 0 < result.refused < 40 and result.ranks.shape == (40 - result.refused, 1)
+    assert f"({result.refused} more refused)" in str(result)
+
+    def never(key, n, y):
+        raise ndp.UnusableReleaseError("anchor too far")
+
+    with pytest.raises(ValueError, match="refused all 5"):
+        ndp.evaluation.sbc(never, normal_mean, 30, num_simulations=5)
+
+
 def logistic(X, y=None):
     b0 = numpyro.sample("b0", dist.Normal(0.0, 1.0))
     w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))

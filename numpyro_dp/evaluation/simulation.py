@@ -54,6 +54,10 @@ class SBCResult:
     p_values : ndarray, shape (num_coordinates,)
         Chi-square p-value of each coordinate's rank histogram (``num_bins`` bins).
     num_bins : int
+    refused : int
+        Simulations the route refused (:class:`~numpyro_dp.UnusableReleaseError`
+        after its charge): they have no draws, so the ranks and coverage are
+        those of the runs that sampled, conditional on not being refused.
     """
 
     names: tuple
@@ -63,6 +67,7 @@ class SBCResult:
     coverage_se: dict
     p_values: np.ndarray
     num_bins: int
+    refused: int = 0
 
     @property
     def passed(self) -> bool:
@@ -76,9 +81,10 @@ class SBCResult:
     def __str__(self) -> str:
         cover = ", ".join(f"{q:.0%}: {c:.1%} (se {self.coverage_se[q]:.1%})"
                           for q, c in self.coverage.items())
-        return (f"SBC over {self.ranks.shape[0]} simulations, {len(self.names)} coordinates: "
-                f"coverage {cover}; smallest rank p-value {self.p_values.min():.3g} "
-                f"({'passed' if self.passed else 'FAILED'})")
+        refused = f" ({self.refused} more refused)" if self.refused else ""
+        return (f"SBC over {self.ranks.shape[0]} simulations{refused}, {len(self.names)} "
+                f"coordinates: coverage {cover}; smallest rank p-value "
+                f"{self.p_values.min():.3g} ({'passed' if self.passed else 'FAILED'})")
 
 
 def sbc(
@@ -112,18 +118,34 @@ def sbc(
     Returns
     -------
     SBCResult
+        A simulation the route refuses (it raises
+        :class:`~numpyro_dp.UnusableReleaseError`) is counted in ``refused`` and
+        has no ranks.
+
+    Raises
+    ------
+    ValueError
+        If the route refused every simulation.
     """
+    from numpyro_dp.releases.noise_aware import UnusableReleaseError
+
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     key_prior, key_runs = jax.random.split(key)
     prior = Predictive(model, num_samples=num_simulations)(key_prior, *args, **kwargs)
-    ranks, inside, names = [], {q: [] for q in LEVELS}, None
+    ranks, inside, names, refused = [], {q: [] for q in LEVELS}, None, 0
     for j, key_run in enumerate(jax.random.split(key_runs, num_simulations)):
-        draws = route(key_run, *args, **{**kwargs, observed: np.asarray(prior[observed][j])})
+        try:
+            draws = route(key_run, *args, **{**kwargs, observed: np.asarray(prior[observed][j])})
+        except UnusableReleaseError:
+            refused += 1
+            continue
         truth, flat, names = _flatten({k: prior[k][j] for k in draws}, draws)
         ranks.append(np.sum(flat < truth, axis=0))
         for q in LEVELS:
             lo, hi = np.quantile(flat, [(1 - q) / 2, (1 + q) / 2], axis=0)
             inside[q].append((lo <= truth) & (truth <= hi))
+    if not ranks:
+        raise ValueError(f"The route refused all {num_simulations} simulations.")
     ranks = np.asarray(ranks)
     num_draws = flat.shape[0]
     edges = np.linspace(0, num_draws + 1, num_bins + 1)
@@ -132,7 +154,8 @@ def sbc(
     coverage = {q: float(np.mean(inside[q])) for q in LEVELS}
     cells = ranks.size
     coverage_se = {q: float(np.sqrt(q * (1 - q) / cells)) for q in LEVELS}
-    return SBCResult(tuple(names), ranks, num_draws, coverage, coverage_se, p_values, num_bins)
+    return SBCResult(tuple(names), ranks, num_draws, coverage, coverage_se, p_values, num_bins,
+                     refused)
 
 
 def _chi_square_p(counts: np.ndarray) -> float:
