@@ -237,7 +237,7 @@ def test_combined_scores_are_unbiased_with_the_stated_covariance():
         g_2 = s + sd_2 * rng.normal(size=d)
         stages = [(last_whiten @ u, whiten_1, g_1, sd_1, curvature_1, 0.0),
                   (np.zeros(d), last_whiten, g_2, sd_2, k, 0.0)]
-        estimates[i], covariance, combined = score.combine_scores(stages, k, 0.0)
+        estimates[i], covariance, combined = score.combine_scores(stages)
     assert combined == 2
     standard_error = np.sqrt(np.diag(covariance) / draws)
     np.testing.assert_array_less(np.abs(estimates.mean(0) - s), 4 * standard_error)
@@ -251,7 +251,7 @@ def test_combined_scores_are_unbiased_with_the_stated_covariance():
            (np.zeros(d), last_whiten, g_2, sd_2, k, 0.0)]
     noisy = [stages[0][:5] + (1.0,), stages[1]]  # margin 2 sqrt(3) > its eigenvalues
     for left_out in (far, noisy):
-        g, covariance, combined = score.combine_scores(left_out, k, 0.0)
+        g, covariance, combined = score.combine_scores(left_out)
         assert combined == 1
         np.testing.assert_allclose(g, g_2)
         np.testing.assert_allclose(covariance, sd_2**2 * np.eye(d))
@@ -280,7 +280,7 @@ def test_curvature_noise_enters_the_combination_as_stated():
         k_last = k + noise(sd_h)
         stages = [(u, whiten_1, g_1, sd_1, m.T @ k @ m + noise(sd_h1), sd_h1),
                   (np.zeros(d), np.eye(d), g_2, sd_2, k_last, sd_h)]
-        estimates[i], covariance, _ = score.combine_scores(stages, k_last, sd_h)
+        estimates[i], covariance, _ = score.combine_scores(stages)
     np.testing.assert_allclose(np.cov(estimates, rowvar=False), covariance, atol=0.05 * sd_2**2)
 
 

@@ -393,7 +393,7 @@ def release_score(
         theta, whiten = _newton_step(theta, whiten, g, curvature, float(h_sd), prior_grad,
                                      prior_hess)
     args, kwargs = stand_in_arguments(pm)
-    score, score_covariance, combined = combine_scores(stages_made, curvature, float(h_sd))
+    score, score_covariance, combined = combine_scores(stages_made)
     return ScoreRelease(
         anchor=np.asarray(theta, float), whiten=np.asarray(whiten, float), score=score,
         curvature=curvature, score_covariance=score_covariance, score_sd=float(g_sd),
@@ -405,41 +405,40 @@ def release_score(
     )
 
 
-def combine_scores(stages: list, curvature: np.ndarray, curvature_sd: float
-                   ) -> tuple[np.ndarray, np.ndarray, int]:
+def combine_scores(stages: list) -> tuple[np.ndarray, np.ndarray, int]:
     """The stages' released scores as one observation of the score at the last anchor
     (post-processing): ``(g, S, m)``, the combined score, its noise covariance and
     the number of stages combined.
 
     ``stages`` holds each stage's ``(anchor, whitening, score, score noise sd,
-    curvature, curvature noise sd)``, the last stage's last; ``curvature`` and
-    ``curvature_sd`` are the last stage's ``K`` and ``sigma_H``.  In the last stage's
-    whitened coordinates, stage ``j``'s anchor is at ``u_j = L^-1 (theta_j - theta_a)``,
-    its whitening is ``M_j = L^-1 L_j``, its score is ``M_j^-T g_j`` and its
-    curvature ``K_j' = M_j^-T K_j M_j^-1``.  The score at the last anchor is the
-    score at ``u_j`` plus the curvature integrated on the way, which the trapezoid
-    rule takes as ``(K+ + K_j'+) u_j / 2``: exact where the log-likelihood is a cubic
-    (the one-sided ``K+ u_j`` errs by the curvature's change, ``T[u_j, u_j] / 2``).
-    So ``y_j = M_j^-T g_j + (K+ + K_j'+) u_j / 2`` observes it with noise covariance
-    ``sigma_j^2 (M_j M_j^T)^-1`` plus the first-order effect of the two curvatures'
-    noises (:func:`curvature_noise_covariance`).  The noises are independent, so
+    curvature, curvature noise sd)``, the last stage's (``K``, ``sigma_H``) last. In the
+    last stage's whitened coordinates, stage ``j``'s anchor is at ``u_j = L^-1 (theta_j
+    - theta_a)``, its whitening is ``M_j = L^-1 L_j``, its score is ``M_j^-T g_j`` and
+    its curvature ``K_j' = M_j^-T K_j M_j^-1``. The score at the last anchor is the
+    score at ``u_j`` plus the curvature integrated on the way, which the trapezoid rule
+    takes as ``(K+ + K_j'+) u_j / 2``: exact where the log-likelihood is a cubic (the
+    one-sided ``K+ u_j`` errs by the curvature's change, ``T[u_j, u_j] / 2``). So ``y_j
+    = M_j^-T g_j + (K+ + K_j'+) u_j / 2`` observes it with noise covariance ``sigma_j^2
+    (M_j M_j^T)^-1`` plus the first-order effect of the two curvatures' noises
+    (:func:`curvature_noise_covariance`). The noises are independent, so
     generalised least squares combines them.  A stage joins only when its anchor
     lies within :data:`COMBINE_RADIUS` of the last one in every coordinate and both
     curvatures stand out of their noise (:func:`curvature_margin`): where one does
     not, the first-order model of its noise does not hold.
     """
-    last_anchor, last_whiten, last_score, last_sd = stages[-1][:4]
+    last_anchor, last_whiten, last_score, last_sd, curvature, curvature_sd = stages[-1]
     d = last_score.shape[0]
     inverse = np.linalg.inv(last_whiten)
     k = psd(curvature)
     precision = np.eye(d) / last_sd**2
     weighted = last_score / last_sd**2
     combined = 1
+    smallest, noise = curvature_margin(curvature, curvature_sd)
+    last_clear = smallest > noise
     for anchor, whiten, g, sd, stage_curvature, stage_curvature_sd in stages[:-1]:
         u = inverse @ (anchor - last_anchor)
-        clear = all(a > b for a, b in (curvature_margin(curvature, curvature_sd),
-                                       curvature_margin(stage_curvature, stage_curvature_sd)))
-        if not (clear and np.max(np.abs(u)) <= COMBINE_RADIUS):
+        smallest, noise = curvature_margin(stage_curvature, stage_curvature_sd)
+        if not (last_clear and smallest > noise and np.max(np.abs(u)) <= COMBINE_RADIUS):
             continue
         m = inverse @ whiten
         m_inv = np.linalg.inv(m)
