@@ -4,6 +4,7 @@ can be saved, loaded and sampled again without the rows."""
 
 import dataclasses
 import itertools
+import math
 
 import arviz as az
 import dp_accounting as dpa
@@ -202,12 +203,29 @@ def test_a_release_too_noisy_for_its_model_is_flagged(data):
 
 def test_stage_noise_adds_up_to_the_phase():
     """The stages' Gaussian releases form one mechanism of the phase's noise multiplier."""
-    z = 3.7
-    mu2 = 0.0
-    for stage in range(len(score.STAGE_SHARES)):
-        z_hist, z_score, z_curv = score.release_noise(z, stage)
-        mu2 += 2 / z_hist**2 + 1 / z_score**2 + 1 / z_curv**2
-    assert mu2 <= 1 / z**2 and mu2 == pytest.approx(1 / z**2, rel=1e-8)
+    for z, d, n in [(3.7, 9, 6366), (3.7, 30, 500), (0.5, 9, 10**5)]:
+        mu2 = 0.0
+        for stage in range(len(score.STAGE_SHARES)):
+            z_hist, z_score, z_curv = score.release_noise(z, stage, d, n, 2.0)
+            mu2 += 2 / z_hist**2 + 1 / z_score**2 + 1 / z_curv**2
+        assert mu2 <= 1 / z**2 and mu2 == pytest.approx(1 / z**2, rel=1e-8)
+
+
+def test_the_last_curvature_takes_more_where_its_noise_would_drown_it():
+    """The last stage's curvature share grows with the noise and the dimension and
+    shrinks with the rows, between its bounds, from public facts only; where it is
+    raised, its noise's spectral scale is the target."""
+    least, largest = score.RELEASE_CURVATURE_SHARES
+    share = score.release_curvature_share
+    assert share(0.5, 9, 10**5, 2.0) == least
+    assert share(50.0, 9, 100, 2.0) == largest
+    shares = [share(z, 9, 6366, 2.0) for z in (1.0, 2.0, 4.0, 6.0, 8.0)]
+    assert shares == sorted(shares) and least < shares[2] < largest
+    assert share(4.0, 9, 6366, 1.0) < shares[2] and share(4.0, 9, 20000, 2.0) < shares[2]
+    z, d, n = 4.0, 9, 6366
+    z_curv = score.release_noise(z, 1, d, n, 2.0)[2]
+    sigma_h = z_curv * 2.0 * score.TYPICAL_CLIPS * d / n
+    assert 2 * sigma_h * math.sqrt(d) == pytest.approx(score.CURVATURE_NOISE_TARGET, rel=1e-6)
 
 
 def test_combined_scores_are_unbiased_with_the_stated_covariance():

@@ -208,7 +208,15 @@ class NoiseAwareNUTS(DPKernel):
         """The release phase's ``(phase, event, releases)`` (none once it is made)."""
         if self.release is not None:
             return []
-        return release_entries(self._noise_for_event(noise_multiplier))
+        z = self._noise_for_event(noise_multiplier)
+        pm = self._private_model
+        if pm is None:
+            raise ValueError(
+                "NoiseAwareNUTS splits its release by the model's number of parameters and "
+                "rows: plan with the model's arguments (PrivateMCMC(...).plan(*args, "
+                "**kwargs)), not num_rows alone."
+            )
+        return release_entries(z, pm.num_params, pm.num_rows, self.neighbourhood)
 
     def budget_advice(self) -> str:
         return ("state a larger budget: the release's noise cannot be lowered otherwise "
