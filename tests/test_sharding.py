@@ -187,7 +187,7 @@ MESH_SCRIPT = textwrap.dedent("""
 
     for name in {names!r}:
         draws, releases = {{}}, set()
-        for devices in (1, 2, 8):
+        for devices in {devices!r}:
             if devices == 1:
                 samples, charged = _draws(KERNELS[name](logistic_model), X, y=y)
             else:
@@ -202,20 +202,24 @@ MESH_SCRIPT = textwrap.dedent("""
             kernel.batch_size = 2 * batch_size
             assert moved(kernel)[2] == found, (name, found)
         assert np.all(np.isfinite(draws[1])), name
-        for devices in (2, 8):
+        for devices in {devices!r}[1:]:
             if name.endswith("tuned"):
                 np.testing.assert_allclose(draws[devices], draws[1], rtol=1e-5, atol=1e-6)
             else:
                 np.testing.assert_array_equal(draws[devices], draws[1], err_msg=name)
         assert len(releases) == 1, (name, releases)
-        print(name, "same draws on 1, 2, 8 devices;", releases.pop(), "releases; collectives",
-              found, flush=True)
+        print(name, "same draws on", {devices!r}, "devices;", releases.pop(),
+              "releases; collectives", found, flush=True)
     print("done")
 """)
 
 
-def _on_8_devices(script: str, names: list, timeout: int) -> None:
-    assert "done" in run_on_devices(script.replace("{names!r}", repr(names)), 8, timeout)
+def _on_8_devices(script: str, names: list, timeout: int, **lists) -> None:
+    """Run ``script`` on 8 CPU devices with ``{names!r}`` (and each ``{key!r}`` of
+    ``lists``) filled in."""
+    for key, value in {"names": names, **lists}.items():
+        script = script.replace("{" + key + "!r}", repr(value))
+    assert "done" in run_on_devices(script, 8, timeout)
 
 
 def _the_rest(names: list) -> list:
@@ -228,12 +232,14 @@ MESH_FAST = ["DPPenalty", "DPHMC", "DPSGLD", "DPHMC-tuned"]
 
 
 def test_sharded_rows_give_one_devices_draws():
-    _on_8_devices(MESH_SCRIPT, MESH_FAST, 900)
+    _on_8_devices(MESH_SCRIPT, MESH_FAST, 900, devices=(1, 2, 8))
 
 
-@pytest.mark.slow  # make test-all: with the test above, every kernel, three meshes each
+@pytest.mark.slow  # make test-all: with the test above, every kernel
 def test_sharded_rows_give_one_devices_draws_for_every_kernel():
-    _on_8_devices(MESH_SCRIPT, _the_rest(MESH_FAST), 1500)
+    """The other kernels on 8 devices (padded: 801 rows); 2 devices go the same way
+    (the fast test runs both for a kernel of each kind)."""
+    _on_8_devices(MESH_SCRIPT, _the_rest(MESH_FAST), 1500, devices=(1, 8))
 
 
 MESH_2D_SCRIPT = textwrap.dedent("""
@@ -265,7 +271,8 @@ MESH_2D_SCRIPT = textwrap.dedent("""
             # NumPyro's chain_method="parallel" (pmap): chains over 4 devices
             "parallel": dict(chain_method="parallel"),
         }}
-        for label, options in runs.items():
+        for label in {configs!r}:
+            options = runs[label]
             compiled.clear()
             if options == "placed":
                 mesh = jax.make_mesh((2, 4), ("chain", "data"))
@@ -294,13 +301,21 @@ MESH_2D_SCRIPT = textwrap.dedent("""
 """)
 
 
+#: Where the chains and rows go: the runner's two 2-D meshes, the user's placed rows,
+#: and NumPyro's pmap.
+MESH_2D_RUNS = ["mesh (2, 4)", "mesh (4, 2)", "shard_rows (2, 4)", "parallel"]
+
+
 def test_chains_and_rows_split_over_a_2d_mesh():
-    _on_8_devices(MESH_2D_SCRIPT, ["DPHMC"], 900)
+    _on_8_devices(MESH_2D_SCRIPT, ["DPHMC"], 900, configs=MESH_2D_RUNS)
 
 
 @pytest.mark.slow  # make test-all: with the test above, every kernel
 def test_chains_and_rows_split_over_a_2d_mesh_for_every_kernel():
-    _on_8_devices(MESH_2D_SCRIPT, _the_rest(["DPHMC"]), 2400)
+    """The other kernels on the runner's (2, 4) mesh, rows padded: where chains and
+    rows are placed does not depend on the kernel, and the test above runs all four
+    placements (this one took 13 minutes of CI's 84 with all four for every kernel)."""
+    _on_8_devices(MESH_2D_SCRIPT, _the_rest(["DPHMC"]), 1200, configs=MESH_2D_RUNS[:1])
 
 
 PROCESS_SCRIPT = textwrap.dedent("""
@@ -362,6 +377,9 @@ def test_two_processes_give_one_processes_draws():
     _two_processes_give_one_processes_draws(["DPHMC"])
 
 
-@pytest.mark.slow  # make test-all: with the test above, every kernel
-def test_two_processes_give_one_processes_draws_for_every_kernel():
-    _two_processes_give_one_processes_draws(_the_rest(["DPHMC"]))
+@pytest.mark.slow  # make test-all: with the test above, a kernel of every kind
+def test_two_processes_give_one_processes_draws_for_every_kind_of_kernel():
+    """The penalty's LLR sums, the minibatch kernels' batches and the tuning, over two
+    hosts (DPHMC's gradient routes and DPMALA sum their rows as DPHMC does)."""
+    _two_processes_give_one_processes_draws(
+        ["DPPenalty", "DPMinibatchPenalty", "DPBarker", "DPSGLD", "DPHMC-tuned"])
