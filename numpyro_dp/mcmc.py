@@ -603,6 +603,8 @@ class PrivateMCMC(MCMC):
             calibrated = self._calibrated_noise(self._planned_iterations(), start,
                                                 pending=tuple(pending))
         z = kernel.noise_multiplier if calibrated is None else calibrated
+        if z is not None:
+            kernel.check_noise_multiplier(z)
         pending += self._once(kernel.release_entries(z))
         entry = self._entry(iterations, phase, start, z)
         if self.check_mixing and kernel.calibrated_noise and not kernel.releases_once:

@@ -189,16 +189,27 @@ def test_refused_where_it_cannot_run(data):
     assert mcmc.privacy_spent().num_releases == 0
 
 
-def test_a_release_too_noisy_for_its_model_is_flagged(data):
-    """200 rows at epsilon 0.3: the curvature does not stand out of its noise; the run
-    is charged and goes ahead, with a CalibrationWarning that says why."""
+def test_a_budget_whose_release_would_drown_is_refused_before_anything_is_spent(data):
+    """200 rows at epsilon 0.3: the last curvature's noise would be about 7 times the
+    curvature (public facts: d, n and the noise multiplier); the run is refused before
+    any release is charged, with an error that says what to change."""
     X, y = data
     mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=50, num_samples=50,
-                           epsilon=0.3, delta=DELTA, progress_bar=False, check_mixing=False,
-                           reproducible_noise=True)  # a fixed seed: a release never refused
-    with pytest.warns(ndp.CalibrationWarning, match="too noisy"):
+                           epsilon=0.3, delta=DELTA, progress_bar=False, check_mixing=False)
+    with pytest.raises(ndp.UnusableReleaseError, match="Nothing was spent.*larger epsilon"):
         mcmc.run(jax.random.PRNGKey(0), X[:200], y=y[:200])
-    assert not mcmc.release.trusted()[0]
+    assert mcmc.privacy_spent().num_releases == 0 and mcmc.release is None
+
+
+def test_a_release_too_noisy_for_its_model_is_flagged(fitted):
+    """A release whose curvature does not stand out of its noise is sampled with a
+    CalibrationWarning that says why (here the fitted release with its curvature's
+    noise sd raised: what a release near the refusal threshold looks like)."""
+    noisy = dataclasses.replace(fitted.release, curvature_sd=10 * fitted.release.curvature_sd
+                                + float(np.abs(fitted.release.curvature).max()))
+    assert not noisy.trusted()[0]
+    with pytest.warns(ndp.CalibrationWarning, match="too noisy"):
+        ndp.NoiseAwareNUTS(model, release=noisy)
 
 
 def test_stage_noise_adds_up_to_the_phase():

@@ -719,6 +719,10 @@ class DPKernel(MCMCKernel):
         multiplier is the knob."""
         return None
 
+    def check_noise_multiplier(self, noise_multiplier: float) -> None:
+        """Raise, before anything is charged, where the kernel cannot use releases at
+        ``noise_multiplier`` (public facts only); every noise level is usable here."""
+
     def budget_advice(self) -> str:
         """What a user can change when a run does not fit the budget."""
         return (

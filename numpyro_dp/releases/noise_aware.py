@@ -31,8 +31,11 @@ from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.releases.score import (
+    MAX_CURVATURE_NOISE,
     MAX_MODEL_DISTANCE,
+    RELEASE_CURVATURE_SHARES,
     ScoreRelease,
+    curvature_noise,
     release_entries,
     release_score,
     stand_in_arguments,
@@ -217,6 +220,27 @@ class NoiseAwareNUTS(DPKernel):
                 "**kwargs)), not num_rows alone."
             )
         return release_entries(z, pm.num_params, pm.num_rows, self.neighbourhood)
+
+    def check_noise_multiplier(self, noise_multiplier: float) -> None:
+        """Refuse, before anything is charged, a budget whose release would be lost in
+        its noise (:data:`~numpyro_dp.releases.score.MAX_CURVATURE_NOISE`; public facts
+        only: the noise multiplier, the numbers of parameters and rows)."""
+        pm = self._private_model
+        if self.release is not None or pm is None:
+            return
+        d, n = pm.num_params, pm.num_rows
+        noise = curvature_noise(noise_multiplier, d, n, self.sensitivity_factor,
+                                RELEASE_CURVATURE_SHARES[1])
+        if noise > MAX_CURVATURE_NOISE:
+            raise UnusableReleaseError(
+                f"This budget cannot give a usable release for {d} parameters on {n} "
+                f"rows: its curvature's noise would be about {noise:.3g} times the "
+                f"curvature itself (at most {MAX_CURVATURE_NOISE:g}), so the release could "
+                "land anywhere and its posterior be confidently wrong. Nothing was spent. "
+                f"A noise multiplier {noise / MAX_CURVATURE_NOISE:.3g} times smaller is "
+                "needed: state a larger epsilon, use more rows, or fewer parameters "
+                "(the noise grows as d^1.5 / n)."
+            )
 
     def budget_advice(self) -> str:
         return ("state a larger budget: the release's noise cannot be lowered otherwise "

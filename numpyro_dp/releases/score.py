@@ -87,6 +87,17 @@ RELEASE_CURVATURE_SHARES = (0.2, 0.5)
 #: 2.00 NUTS sds (5 seeds); R's ``turnout``, 3.36 -> 2.69, two of 6 releases refused
 #: instead of 4.3 and 11.4 sds off.  At epsilon 3 and 10 both keep 0.2.
 CURVATURE_NOISE_TARGET = 0.35
+#: A run whose last curvature, at the largest share, would carry noise of more than this
+#: many times its whitened eigenvalues (about 1) is refused before anything is charged
+#: (:func:`curvature_noise`): its release is lost in the noise, its mode can lie
+#: anywhere, and its posterior can be confidently wrong.  Measured before this gate,
+#: 3 seeds a cell (``benchmarks/utility_real_data.py --noise-aware``): where it is
+#: above 1 (sklearn's breast cancer, d = 9 and n = 569, at epsilon 1 and 3; its
+#: diabetes, d = 12 and 15, n = 442, at 1-10; statsmodels' anes96, d = 7 and n = 944,
+#: at 1: 1.1-11) 17 of 27 releases were refused after they were paid for and the other
+#: 10 sampled 1.3-9.4 private sds off (5 beyond 2.8); at 0.4-0.5 (``fair`` and
+#: ``turnout`` at epsilon 1) the runs were wide, within 3.5.
+MAX_CURVATURE_NOISE = 1.0
 #: The released curvature's eigenvalues are raised to this many times
 #: ``sigma_H sqrt(d)`` (about half the noise matrix's spectral norm) for a
 #: Newton step: a direction the noise flattened would otherwise send it far.
@@ -126,20 +137,28 @@ MAX_MODEL_DISTANCE = 30.0
 FORMAT = 2
 
 
+def curvature_noise(noise_multiplier: float, num_params: int, num_rows: int, factor: float,
+                    share: float) -> float:
+    """Spectral scale ``2 sigma_H sqrt(d)`` of the last curvature's noise, relative to the
+    whitened curvature (eigenvalues about 1), at the smallest clip a stage takes
+    (:data:`TYPICAL_CLIPS` ``d / n``) and ``share`` of the last stage's ``mu^2``: a
+    function of public facts (``factor``: the neighbourhood's sensitivity factor)."""
+    clip = TYPICAL_CLIPS * num_params / num_rows
+    sigma = factor * noise_multiplier * clip / math.sqrt(STAGE_SHARES[-1] * share)
+    return 2 * sigma * math.sqrt(num_params)
+
+
 def release_curvature_share(noise_multiplier: float, num_params: int, num_rows: int,
                             factor: float) -> float:
     """Share of the last stage's ``mu^2`` of its curvature, from public facts: the
     least of :data:`RELEASE_CURVATURE_SHARES`, raised (to the largest at most) until
-    the curvature noise's spectral scale ``2 sigma_H sqrt(d)``, at the smallest clip
-    a stage takes (:data:`TYPICAL_CLIPS` ``d / n``), is :data:`CURVATURE_NOISE_TARGET`.
+    :func:`curvature_noise` is :data:`CURVATURE_NOISE_TARGET`.
 
-    ``factor`` is the neighbourhood's sensitivity factor.  On statsmodels' ``fair``
-    (d = 9, n = 6,366, substitute) the share is raised at epsilon below about 2,
-    where the curvature at 0.2 was lost in its noise.
+    On statsmodels' ``fair`` (d = 9, n = 6,366, substitute) the share is raised at
+    epsilon below about 2, where the curvature at 0.2 was lost in its noise.
     """
-    clip = TYPICAL_CLIPS * num_params / num_rows
-    scale = 2 * factor * noise_multiplier * clip * math.sqrt(num_params)
-    need = (scale / CURVATURE_NOISE_TARGET) ** 2 / STAGE_SHARES[-1]
+    need = (curvature_noise(noise_multiplier, num_params, num_rows, factor, 1.0)
+            / CURVATURE_NOISE_TARGET) ** 2
     least, largest = RELEASE_CURVATURE_SHARES
     return min(max(need, least), largest)
 
