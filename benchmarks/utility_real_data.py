@@ -279,11 +279,14 @@ def run_noise_aware(name, model, args, kwargs, ref, eps, seed, num_warmup, num_s
             mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
     except ndp.UnusableReleaseError:  # an error, not a confidently wrong posterior
         nan = float("nan")
+        release = mcmc.release  # None where the budget was refused before the charge
         return {"case": name, "epsilon": eps, "kernel": "NoiseAwareNUTS", "seed": seed,
                 "refused": 1.0, "rms_sd": nan, "err_sd": nan, "floor_rms": floor,
                 "sd_ratio_min": nan, "sd_ratio_max": nan, "inside90": nan,
-                "max_private_sds": nan, "clipped_share": mcmc.release.clipped_share,
-                "anchor_distance": mcmc.release.anchor_distance(), "trusted": 0.0,
+                "max_private_sds": nan,
+                "clipped_share": nan if release is None else release.clipped_share,
+                "anchor_distance": nan if release is None else release.anchor_distance(),
+                "trusted": 0.0,
                 "rhat": nan, "eps_total": mcmc.privacy_spent().epsilon,
                 "wall_s": time.perf_counter() - t0,
                 "wall_ratio_to_nuts": (time.perf_counter() - t0) / nuts_wall}
@@ -452,13 +455,14 @@ def write_noise_aware(rows, out: Path) -> None:
         sel = [r for r in rows if r["case"] == case and r["epsilon"] == eps]
         ran = [r for r in sel if not r["refused"]] or [{k: float("nan") for k in sel[0]}]
         rms = ", ".join("refused" if r["refused"] else f"{r['rms_sd']:.2f}" for r in sel)
+        clipped = [r["clipped_share"] for r in sel if not np.isnan(r["clipped_share"])]
         lines.append(
             f"| {case} | {int(sel[0]['num_rows'])} | {eps:g} | {len(sel)} | {rms} / "
             f"{sel[0]['floor_rms']:.2f} | {max(r['err_sd'] for r in ran):.2f} | "
             f"{min(r['sd_ratio_min'] for r in ran):.2f}-{max(r['sd_ratio_max'] for r in ran):.2f}"
             f" | {np.mean([r['inside90'] for r in ran]):.0%} | "
             f"{max(r['max_private_sds'] for r in ran):.2f} | "
-            f"{max(r['clipped_share'] for r in sel):.1%} | "
+            f"{max(clipped, default=float('nan')):.1%} | "
             f"{sum(1 - r['trusted'] for r in ran if not r['refused']):.0f} of {len(sel)} | "
             f"{sum(r['refused'] for r in sel):.0f} of {len(sel)} | "
             f"{np.median([r['wall_ratio_to_nuts'] for r in sel]):.2f} |")
