@@ -72,9 +72,9 @@ STAGE_SHARES = (0.3, 0.7)
 #: the curvature.  An anchor stage's curvature whitens the next stage (a direction
 #: it underestimates stays far off).
 ANCHOR_STAGE_SHARES = (0.05, 0.55, 0.4)
-#: Share of the last stage's ``mu^2`` of its two clip histograms; of the rest, the
-#: curvature takes :func:`release_curvature_share` and the score, which sets where
-#: the posterior lies, the remainder.
+#: Share of the last stage's ``mu^2`` of its two clip histograms; the curvature takes
+#: :func:`release_curvature_share` of it, and the score, which sets where the
+#: posterior lies, the remainder.
 RELEASE_HISTOGRAM_SHARE = 0.05
 #: Least and largest share of the last stage's ``mu^2`` of its curvature.
 RELEASE_CURVATURE_SHARES = (0.2, 0.5)
@@ -145,7 +145,7 @@ def curvature_noise(noise_multiplier: float, num_params: int, num_rows: int, fac
     function of public facts (``factor``: the neighbourhood's sensitivity factor)."""
     clip = TYPICAL_CLIPS * num_params / num_rows
     sigma = factor * noise_multiplier * clip / math.sqrt(STAGE_SHARES[-1] * share)
-    return 2 * sigma * math.sqrt(num_params)
+    return spectral_noise(sigma, num_params)
 
 
 def release_curvature_share(noise_multiplier: float, num_params: int, num_rows: int,
@@ -379,12 +379,17 @@ class ScoreRelease:
         return cls(**facts)
 
 
+def spectral_noise(curvature_sd: float, dim: int) -> float:
+    """``2 sigma_H sqrt(d)``: about the spectral norm of a ``d x d`` curvature's
+    symmetrised noise of entry sd ``sigma_H``."""
+    return 2.0 * curvature_sd * math.sqrt(dim)
+
+
 def curvature_margin(curvature: np.ndarray, curvature_sd: float) -> tuple[float, float]:
     """``(smallest eigenvalue, noise)`` of a released curvature: it stands out of its
-    noise where the first exceeds the second, ``2 sigma_H sqrt(d)`` (about the
-    symmetrised noise matrix's spectral norm)."""
+    noise where the first exceeds the second (:func:`spectral_noise`)."""
     return (float(np.linalg.eigvalsh(curvature).min()),
-            2.0 * curvature_sd * math.sqrt(curvature.shape[0]))
+            spectral_noise(curvature_sd, curvature.shape[0]))
 
 
 def psd(matrix: np.ndarray) -> np.ndarray:
