@@ -39,6 +39,9 @@ from numpyro_dp.evaluation.canary import (
 from numpyro_dp.kernels import base, hmc, penalty, sgmcmc
 from numpyro_dp.primitives import compiled, gradients, rounding, tap
 
+#: An audit compiles its runs afresh and runs them briefly (conftest).
+pytestmark = pytest.mark.compile_bound
+
 
 def sgld(step_size=1.0):
     """One full-batch DP-SGLD step from theta = 0: theta_1 = (eta/2) G + N(0, eta), an

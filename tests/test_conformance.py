@@ -39,6 +39,9 @@ from _support.stats import assert_moments_match, moment_errors
 import numpyro_dp as ndp
 from numpyro_dp.kernels import barker, base, penalty
 
+#: Short runs of every kernel: compiling takes the time (conftest).
+pytestmark = pytest.mark.compile_bound
+
 N = 120
 
 #: name -> (kernel factory(neighbourhood, m=model), neighbourhoods, accountant,

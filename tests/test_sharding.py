@@ -31,6 +31,9 @@ from _support.running import run_on_devices
 import numpyro_dp as ndp
 from numpyro_dp.tuning import release_histogram
 
+#: Short runs (10 + 10 iterations) of many programs: compiling takes the time (conftest).
+pytestmark = pytest.mark.compile_bound
+
 KERNELS = {
     "DPPenalty": lambda m: ndp.DPPenalty(m, llr_clip=2.0, proposal_scale=0.05),
     "DPMinibatchPenalty": lambda m: ndp.DPMinibatchPenalty(
@@ -312,10 +315,13 @@ def test_chains_and_rows_split_over_a_2d_mesh():
 
 @pytest.mark.slow  # make test-all: with the test above, every kernel
 def test_chains_and_rows_split_over_a_2d_mesh_for_every_kernel():
-    """The other kernels on the runner's (2, 4) mesh, rows padded: where chains and
-    rows are placed does not depend on the kernel, and the test above runs all four
-    placements (with all four for every kernel this one took 802 s on a 2-core machine)."""
-    _on_8_devices(MESH_2D_SCRIPT, _the_rest(["DPHMC"]), 1200, configs=MESH_2D_RUNS[:1])
+    """A kernel of each other kind on the runner's (2, 4) mesh, rows padded: where chains
+    and rows are placed does not depend on the kernel, and the test above runs all four
+    placements (with all four for every kernel this one took 802 s on a 2-core machine).
+    DPMALA and DPHMC's Jacobian route take DPHMC's chain state; their row sums are
+    checked on 8 devices by test_sharded_rows_give_one_devices_draws_for_every_kernel."""
+    _on_8_devices(MESH_2D_SCRIPT, _the_rest(["DPHMC", "DPHMC-jacobian", "DPMALA"]), 1200,
+                  configs=MESH_2D_RUNS[:1])
 
 
 PROCESS_SCRIPT = textwrap.dedent("""
