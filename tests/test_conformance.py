@@ -39,8 +39,9 @@ from _support.stats import assert_moments_match, moment_errors
 import numpyro_dp as ndp
 from numpyro_dp.kernels import barker, base, penalty
 
-#: Short runs of every kernel: compiling takes the time (conftest).
-pytestmark = pytest.mark.compile_bound
+#: The slow tests of this module that run short chains, where compiling takes the time
+#: (conftest); the statistical test at negligible noise is not one of them.
+SHORT_RUNS = [pytest.mark.slow, pytest.mark.compile_bound]
 
 N = 120
 
@@ -154,7 +155,7 @@ LEAK_REPLAY_SLOW = VARIANTS | {"DPMinibatchPenalty"}
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.slow) if name in VARIANTS else name for name in KERNELS
+    pytest.param(name, marks=SHORT_RUNS) if name in VARIANTS else name for name in KERNELS
 ])
 def test_releases_made_equal_releases_charged(data, releases, name):
     X, y = data
@@ -239,6 +240,7 @@ ADD_REMOVE = [name for name, spec in KERNELS.items() if "add_remove" in spec[1]]
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_two_sequential_chains_and_add_remove(data, releases, name):
     """The rest of the matrix (make test-all): 2 chains run one after the other
@@ -298,6 +300,7 @@ def run_on_two_devices(script: str) -> None:
 
 
 @pytest.mark.slow  # make test-all: keeps make test under 10 minutes on 2 cores
+@pytest.mark.compile_bound
 def test_parallel_chains_on_two_devices_are_all_charged():
     run_on_two_devices(PARALLEL_SCRIPT)
 
@@ -321,6 +324,7 @@ PARALLEL_DEFAULTS = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound
 def test_parallel_chains_with_the_default_warm_start():
     # The warm start's mass matrix used to be made while the chains were traced
     # (pmap): a TracerArrayConversionError on 2 devices, found by a user trial.
@@ -363,7 +367,7 @@ def test_bad_input_is_refused_with_its_fix_before_anything_is_charged(data, rele
 
 # ----------------------------------------------------- the leaks of issue 17, replayed
 @pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.slow) if name in LEAK_REPLAY_SLOW else name
+    pytest.param(name, marks=SHORT_RUNS) if name in LEAK_REPLAY_SLOW else name
     for name in KERNELS
 ])
 def test_the_privacy_holes_stay_closed(data, name):
