@@ -232,6 +232,10 @@ def _the_rest(names: list) -> list:
 
 #: Three kernels (full data, both gradient routes, minibatches) and the tuning.
 MESH_FAST = ["DPPenalty", "DPHMC", "DPSGLD", "DPHMC-tuned"]
+#: Besides DPHMC, a kernel of each kind: the penalty's LLR sums, the minibatch kernels'
+#: batches and the tuning (DPHMC's Jacobian route and DPMALA take DPHMC's chain state
+#: and sum their rows as it does).
+OTHER_KINDS = ["DPPenalty", "DPMinibatchPenalty", "DPBarker", "DPSGLD", "DPHMC-tuned"]
 
 
 def test_sharded_rows_give_one_devices_draws():
@@ -313,15 +317,14 @@ def test_chains_and_rows_split_over_a_2d_mesh():
     _on_8_devices(MESH_2D_SCRIPT, ["DPHMC"], 900, configs=MESH_2D_RUNS)
 
 
-@pytest.mark.slow  # make test-all: with the test above, every kernel
+@pytest.mark.slow  # make test-all: with the test above, a kernel of every kind
 def test_chains_and_rows_split_over_a_2d_mesh_for_every_kernel():
     """A kernel of each other kind on the runner's (2, 4) mesh, rows padded: where chains
     and rows are placed does not depend on the kernel, and the test above runs all four
     placements (with all four for every kernel this one took 802 s on a 2-core machine).
-    DPMALA and DPHMC's Jacobian route take DPHMC's chain state; their row sums are
-    checked on 8 devices by test_sharded_rows_give_one_devices_draws_for_every_kernel."""
-    _on_8_devices(MESH_2D_SCRIPT, _the_rest(["DPHMC", "DPHMC-jacobian", "DPMALA"]), 1200,
-                  configs=MESH_2D_RUNS[:1])
+    DPMALA's and DPHMC's Jacobian route's row sums are checked on 8 devices by
+    test_sharded_rows_give_one_devices_draws_for_every_kernel."""
+    _on_8_devices(MESH_2D_SCRIPT, OTHER_KINDS, 1200, configs=MESH_2D_RUNS[:1])
 
 
 PROCESS_SCRIPT = textwrap.dedent("""
@@ -387,5 +390,4 @@ def test_two_processes_give_one_processes_draws():
 def test_two_processes_give_one_processes_draws_for_every_kind_of_kernel():
     """The penalty's LLR sums, the minibatch kernels' batches and the tuning, over two
     hosts (DPHMC's gradient routes and DPMALA sum their rows as DPHMC does)."""
-    _two_processes_give_one_processes_draws(
-        ["DPPenalty", "DPMinibatchPenalty", "DPBarker", "DPSGLD", "DPHMC-tuned"])
+    _two_processes_give_one_processes_draws(OTHER_KINDS)
