@@ -18,8 +18,11 @@ VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 # pytest-xdist workers: the tests are mostly single-threaded compilation, so
-# two workers nearly halve the wall time on CI's two cores.
+# two workers nearly halve the wall time on CI's two cores.  Work stealing: a
+# worker that runs out takes half the other's queue, so neither idles at the end
+# behind a run of the slow tests (the 8-device ones take 3-7 minutes each).
 PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
 .PHONY: venv demo test test-all lint bench clean
 
@@ -35,10 +38,10 @@ demo: $(STAMP)
 	$(VPY) examples/quickstart.py
 
 test: $(STAMP)
-	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(STAMP)
-	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(VPY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

@@ -80,6 +80,24 @@ def covariates(model_name: str, n: int) -> tuple:
     return (X,)
 
 
+def write(rows: list, out: Path) -> None:
+    """The grid's rows so far as ``out``.csv and a markdown table ``out``.md."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"| {r['model']} | {r['n']} | {r['epsilon']:g} | {r['simulations']} | "
+             f"{r['coverage50']:.1%} ({r['se50']:.1%}) | {r['coverage90']:.1%} ({r['se90']:.1%}) "
+             f"| {r['min_p_value']:.3g} ({r['coordinates']}) | {r['warned']} | {r['refused']} | "
+             f"{'refused' if r['passed'] is None else 'yes' if r['passed'] else 'NO'} |"
+             for r in rows]
+    out.with_suffix(".md").write_text(
+        "| model | n | epsilon | simulations | 50% coverage (se) | 90% coverage (se) | "
+        "smallest rank p (coordinates) | CalibrationWarnings | refused | passed |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/results/sbc_grid")
@@ -116,6 +134,7 @@ def main() -> None:
                                  "se90": nan, "min_p_value": nan, "coordinates": 0,
                                  "warned": 0, "refused": args.simulations,
                                  "wall_s": time.perf_counter() - t0})
+                    write(rows, Path(args.out))
                     continue
                 row = {"model": name, "n": n, "epsilon": eps,
                        "simulations": args.simulations, "passed": result.passed,
@@ -127,21 +146,7 @@ def main() -> None:
                        "wall_s": time.perf_counter() - t0}
                 print(row, flush=True)
                 rows.append(row)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [f"| {r['model']} | {r['n']} | {r['epsilon']:g} | {r['simulations']} | "
-             f"{r['coverage50']:.1%} ({r['se50']:.1%}) | {r['coverage90']:.1%} ({r['se90']:.1%}) "
-             f"| {r['min_p_value']:.3g} ({r['coordinates']}) | {r['warned']} | {r['refused']} | "
-             f"{'refused' if r['passed'] is None else 'yes' if r['passed'] else 'NO'} |"
-             for r in rows]
-    out.with_suffix(".md").write_text(
-        "| model | n | epsilon | simulations | 50% coverage (se) | 90% coverage (se) | "
-        "smallest rank p (coordinates) | CalibrationWarnings | refused | passed |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+                write(rows, Path(args.out))  # each cell as it ends: a long grid can stop
 
 
 if __name__ == "__main__":

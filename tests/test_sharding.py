@@ -232,10 +232,11 @@ def _the_rest(names: list) -> list:
 
 #: Three kernels (full data, both gradient routes, minibatches) and the tuning.
 MESH_FAST = ["DPPenalty", "DPHMC", "DPSGLD", "DPHMC-tuned"]
-#: Besides DPHMC, a kernel of each kind: the penalty's LLR sums, the minibatch kernels'
-#: batches and the tuning (DPHMC's Jacobian route and DPMALA take DPHMC's chain state
-#: and sum their rows as it does).
-OTHER_KINDS = ["DPPenalty", "DPMinibatchPenalty", "DPBarker", "DPSGLD", "DPHMC-tuned"]
+#: Besides DPHMC, a kernel of each kind: the minibatch kernels' batches and the tuning.
+#: DPHMC's Jacobian route and DPMALA take DPHMC's chain state and sum their rows as it
+#: does; DPPenalty's LLR sums are DPHMC's (``release_llr`` on the rows' log-likelihood
+#: differences), and MESH_FAST runs it on 8 devices.
+OTHER_KINDS = ["DPMinibatchPenalty", "DPBarker", "DPSGLD", "DPHMC-tuned"]
 
 
 def test_sharded_rows_give_one_devices_draws():
@@ -388,6 +389,6 @@ def test_two_processes_give_one_processes_draws():
 
 @pytest.mark.slow  # make test-all: with the test above, a kernel of every kind
 def test_two_processes_give_one_processes_draws_for_every_kind_of_kernel():
-    """The penalty's LLR sums, the minibatch kernels' batches and the tuning, over two
-    hosts (DPHMC's gradient routes and DPMALA sum their rows as DPHMC does)."""
+    """The minibatch kernels' batches and the tuning over two hosts (DPHMC's gradient
+    routes and DPMALA sum their rows as DPHMC does, DPPenalty its LLRs)."""
     _two_processes_give_one_processes_draws(OTHER_KINDS)
