@@ -313,6 +313,29 @@ def test_curvature_noise_enters_the_combination_as_stated():
     np.testing.assert_allclose(np.cov(estimates, rowvar=False), covariance, atol=0.05 * sd_2**2)
 
 
+def test_the_surrogate_likelihood_is_gaussian_with_the_noise_at_the_mode(fitted):
+    """The release's likelihood in ``v`` is ``N(g; K+ v, C)`` with one covariance ``C``,
+    the curvature noise's taken at the release's mode: its Hessian is the same at every
+    ``v``, so with a flat prior the posterior is ``N(K+^-1 g, K+^-1 C K+^-1)``, the
+    one-step estimator's sampling law (SPEC s12)."""
+    release = dataclasses.replace(fitted.release, curvature_sd=0.05)
+    d = release.num_params
+    k, g = score.psd(release.curvature), release.score
+    mode = release.whitened_mode()
+    covariance = release.likelihood_covariance()
+    np.testing.assert_allclose(
+        covariance, k + release.score_covariance
+        + 0.5 * 0.05**2 * (mode @ mode * np.eye(d) + np.outer(mode, mode)), rtol=1e-12)
+    precision = k @ np.linalg.solve(covariance, k)
+    for v in (np.zeros(d), mode, 3.0 * np.ones(d)):
+        r = g - k @ v
+        want = -0.5 * (r @ np.linalg.solve(covariance, r) + np.linalg.slogdet(covariance)[1]
+                       + d * math.log(2 * math.pi))
+        np.testing.assert_allclose(float(release.log_likelihood(jnp.asarray(v))), want,
+                                   rtol=1e-5)
+        hessian = jax.hessian(release.log_likelihood)(jnp.asarray(v, jnp.float32))
+        np.testing.assert_allclose(hessian, -precision, rtol=1e-4, atol=1e-4)
+
 def test_a_clip_is_never_below_a_rows_typical_whitened_value():
     """Where the histogram's noise hides the rows, its quantile is far below where they
     lie (turnout, n = 2000 at epsilon 1: 15-55% of the rows cut); the clip is then
