@@ -336,6 +336,26 @@ def test_the_surrogate_likelihood_is_gaussian_with_the_noise_at_the_mode(fitted)
         hessian = jax.hessian(release.log_likelihood)(jnp.asarray(v, jnp.float32))
         np.testing.assert_allclose(hessian, -precision, rtol=1e-4, atol=1e-4)
 
+
+def linear_model(X, y=None):
+    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
+    w = numpyro.sample("w", dist.Normal(0.0, 2.5).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(b0 + X @ w, sigma), obs=y)
+
+
+def test_positive_latents_are_warned_of(fitted):
+    """Simulation-based calibration (docs/results/sbc_grid.md) found sigma's intervals
+    too narrow with no other warning: a model with a positive latent is warned of, from
+    its structure alone; the logistic model, which has none, is not."""
+    assert noise_aware.positive_latents(model, fitted.release) == []
+    release = dataclasses.replace(
+        fitted.release, param_shapes={**fitted.release.param_shapes, "sigma": ()})
+    assert noise_aware.positive_latents(linear_model, release) == ["sigma"]
+    with pytest.warns(ndp.CalibrationWarning, match="sigma: positive latent .* covered 33%"):
+        noise_aware.check_release(fitted.release, refuse=False, scales=["sigma"])
+
 def test_a_clip_is_never_below_a_rows_typical_whitened_value():
     """Where the histogram's noise hides the rows, its quantile is far below where they
     lie (turnout, n = 2000 at epsilon 1: 15-55% of the rows cut); the clip is then
