@@ -545,16 +545,12 @@ def combine_scores(stages: list) -> tuple[np.ndarray, np.ndarray, int]:
     return covariance @ weighted, covariance, combined
 
 
-def curvature_noise_covariance(v, curvature_sd: float):
+def curvature_noise_covariance(v: np.ndarray, curvature_sd: float) -> np.ndarray:
     """Covariance of ``E v`` for ``E`` the symmetrised curvature noise (entries of sd
-    ``curvature_sd`` before symmetrising): ``sigma_H^2 / 2 (|v|^2 I + v v^T)``.
-
-    Works on NumPy and JAX arrays alike (the surrogate's log-likelihood calls it
-    inside NUTS).
-    """
-    xp = jnp if isinstance(v, jax.Array) else np
-    return 0.5 * curvature_sd**2 * (xp.sum(v**2) * xp.eye(v.shape[0], dtype=v.dtype)
-                                     + xp.outer(v, v))
+    ``curvature_sd`` before symmetrising): ``sigma_H^2 / 2 (|v|^2 I + v v^T)``."""
+    v = np.asarray(v)
+    return 0.5 * curvature_sd**2 * (np.sum(v**2) * np.eye(v.shape[0], dtype=v.dtype)
+                                     + np.outer(v, v))
 
 
 def _prior_scales(prior_hessian: np.ndarray) -> np.ndarray:
