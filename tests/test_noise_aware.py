@@ -356,6 +356,7 @@ def test_positive_latents_are_warned_of(fitted):
     with pytest.warns(ndp.CalibrationWarning, match="sigma: positive latent .* covered 33%"):
         noise_aware.check_release(fitted.release, refuse=False, scales=["sigma"])
 
+
 def test_a_clip_is_never_below_a_rows_typical_whitened_value():
     """Where the histogram's noise hides the rows, its quantile is far below where they
     lie (turnout, n = 2000 at epsilon 1: 15-55% of the rows cut); the clip is then
