@@ -1,6 +1,8 @@
 """Simulation-based calibration (issue 37): the harness tells a calibrated route from
 an overconfident one, and NoiseAwareNUTS is calibrated on a logistic model."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,6 +58,26 @@ def test_refused_simulations_are_counted_not_ranked():
 
     with pytest.raises(ValueError, match="refused all 5"):
         ndp.evaluation.sbc(never, normal_mean, 30, num_simulations=5)
+
+
+def test_calibration_warnings_are_counted_and_coverage_given_without_them():
+    """A run that warns (CalibrationWarning) is ranked, as a user who ignores the warning
+    gets it, and counted; the coverage of the runs that did not warn is given apart
+    (here the warned runs are a third too narrow, the others exact).  Other warnings
+    reach the caller."""
+    def warns(key, n, y):
+        wide = float(jnp.mean(y)) <= 0.0
+        if not wide:
+            warnings.warn("anchor far from the mode", ndp.CalibrationWarning, stacklevel=1)
+        warnings.warn("something else", RuntimeWarning, stacklevel=1)
+        return exact_route(1.0 if wide else 2 / 3)(key, n, y)
+
+    with pytest.warns(RuntimeWarning, match="something else"):
+        result = ndp.evaluation.sbc(warns, normal_mean, 30, num_simulations=200)
+    assert 50 < result.warned < 150 and result.ranks.shape == (200, 1)
+    assert abs(result.unwarned_coverage[0.9] - 0.9) < 0.08
+    assert result.coverage[0.9] < result.unwarned_coverage[0.9]
+    assert f"{result.warned} of them with a CalibrationWarning" in str(result)
 
 
 def logistic(X, y=None):

@@ -58,6 +58,13 @@ class SBCResult:
         Simulations the route refused (:class:`~numpyro_dp.UnusableReleaseError`
         after its charge): they have no draws, so the ranks and coverage are
         those of the runs that sampled, conditional on not being refused.
+    warned : int
+        Sampled simulations whose run emitted a
+        :class:`~numpyro_dp.CalibrationWarning` (its release lies outside the
+        regime it was shown calibrated in).  The ranks and coverage include them,
+        as a user who ignores the warning gets them.
+    unwarned_coverage : dict
+        Level -> coverage over the sampled runs that did not warn (NaN: none).
     """
 
     names: tuple
@@ -68,6 +75,8 @@ class SBCResult:
     p_values: np.ndarray
     num_bins: int
     refused: int = 0
+    warned: int = 0
+    unwarned_coverage: dict = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -82,6 +91,10 @@ class SBCResult:
         cover = ", ".join(f"{q:.0%}: {c:.1%} (se {self.coverage_se[q]:.1%})"
                           for q, c in self.coverage.items())
         refused = f" ({self.refused} more refused)" if self.refused else ""
+        if self.warned:
+            unwarned = ", ".join(f"{q:.0%}: {c:.1%}" for q, c in self.unwarned_coverage.items())
+            refused += (f", {self.warned} of them with a CalibrationWarning (coverage "
+                        f"without them {unwarned})")
         return (f"SBC over {self.ranks.shape[0]} simulations{refused}, {len(self.names)} "
                 f"coordinates: coverage {cover}; smallest rank p-value "
                 f"{self.p_values.min():.3g} ({'passed' if self.passed else 'FAILED'})")
@@ -127,18 +140,25 @@ def sbc(
     ValueError
         If the route refused every simulation.
     """
-    from numpyro_dp.releases.noise_aware import UnusableReleaseError
+    from numpyro_dp.releases.noise_aware import CalibrationWarning, UnusableReleaseError
 
     key = jax.random.PRNGKey(0) if rng_key is None else rng_key
     key_prior, key_runs = jax.random.split(key)
     prior = Predictive(model, num_samples=num_simulations)(key_prior, *args, **kwargs)
-    ranks, inside, names, refused = [], {q: [] for q in LEVELS}, None, 0
+    ranks, inside, names, refused, warned = [], {q: [] for q in LEVELS}, None, 0, []
     for j, key_run in enumerate(jax.random.split(key_runs, num_simulations)):
-        try:
-            draws = route(key_run, *args, **{**kwargs, observed: np.asarray(prior[observed][j])})
-        except UnusableReleaseError:
-            refused += 1
-            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CalibrationWarning)
+            try:
+                draws = route(key_run, *args,
+                              **{**kwargs, observed: np.asarray(prior[observed][j])})
+            except UnusableReleaseError:
+                refused += 1
+                continue
+        for w in caught:  # the others go on to the caller
+            if not issubclass(w.category, CalibrationWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        warned.append(any(issubclass(w.category, CalibrationWarning) for w in caught))
         truth, flat, names = _flatten({k: prior[k][j] for k in draws}, draws)
         ranks.append(np.sum(flat < truth, axis=0))
         for q in LEVELS:
@@ -152,10 +172,13 @@ def sbc(
     p_values = np.array([_chi_square_p(np.histogram(ranks[:, i], bins=edges)[0])
                          for i in range(ranks.shape[1])])
     coverage = {q: float(np.mean(inside[q])) for q in LEVELS}
+    quiet = ~np.asarray(warned)
+    unwarned = {q: float(np.mean(np.asarray(inside[q])[quiet])) if quiet.any() else float("nan")
+                for q in LEVELS}
     cells = ranks.size
     coverage_se = {q: float(np.sqrt(q * (1 - q) / cells)) for q in LEVELS}
     return SBCResult(tuple(names), ranks, num_draws, coverage, coverage_se, p_values, num_bins,
-                     refused)
+                     refused, int(sum(warned)), unwarned)
 
 
 def _chi_square_p(counts: np.ndarray) -> float:
@@ -187,9 +210,11 @@ def noise_aware_route(
     **kernel_options,
 ) -> Callable:
     """:class:`~numpyro_dp.NoiseAwareNUTS` as an SBC route: one chain, reproducible
-    noise (the data are simulated), warnings off; draws of the latent sites."""
+    noise (the data are simulated), warnings off but its
+    :class:`~numpyro_dp.CalibrationWarning` (which :func:`sbc` counts); draws of the
+    latent sites."""
     from numpyro_dp.mcmc import PrivateMCMC
-    from numpyro_dp.releases.noise_aware import NoiseAwareNUTS
+    from numpyro_dp.releases.noise_aware import CalibrationWarning, NoiseAwareNUTS
 
     def route(key, *args, **kwargs):
         mcmc = PrivateMCMC(NoiseAwareNUTS(model, **kernel_options), num_warmup=num_warmup,
@@ -197,6 +222,7 @@ def noise_aware_route(
                            progress_bar=False, reproducible_noise=True, check_mixing=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            warnings.simplefilter("always", CalibrationWarning)
             mcmc.run(key, *args, **kwargs)
         samples = mcmc.get_samples()
         return {k: samples[k] for k in mcmc.sampler._private_model.latent_sites}
