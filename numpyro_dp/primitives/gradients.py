@@ -1216,13 +1216,18 @@ def clipped_grad_and_hessian_sums(
     model_kwargs: dict,
     levels: int = 1,
     whiten: jax.Array | None = None,
+    score_room: jax.Array | None = None,
 ):
     """``sum_i clip_C(grad l_i)`` and ``sum_i clip_K(hess l_i)`` (flattened) at ``theta``.
 
     Each row's gradient is clipped to l2 norm ``C`` and its Hessian to
     Frobenius norm ``K``; with ``whiten`` a matrix ``L``, the row's gradient
     and Hessian in the coordinates ``theta = L phi`` (``L^T g``,
-    ``L^T H L``) are clipped and summed instead.  Both sums are
+    ``L^T H L``) are clipped and summed instead.  With ``score_room`` a vector
+    ``r`` (entries at least 1), the gradient's coordinates are divided by ``r``
+    before the clip (the caller multiplies the released sum back, and its noise
+    with it): a coordinate whose rows' scores have a long tail gets ``r`` times
+    the clip's reach.  Both sums are
     :func:`~numpyro_dp.primitives.rounding.exact_sum` pairs of rows bounded by
     ``vector_clip_bound(C, d)`` and ``vector_clip_bound(K, d^2)``, so one row
     moves the first by ``C`` and the second by ``K`` (add/remove).  With
@@ -1231,12 +1236,12 @@ def clipped_grad_and_hessian_sums(
     count 0, and the sums run where the rows live (:func:`full_data`).
     """
     return full_data(pm, lambda args, kwargs, mask: _grad_and_hessian_sums(
-        pm, theta, clip, hessian_clip, args, kwargs, levels, whiten, mask),
+        pm, theta, clip, hessian_clip, args, kwargs, levels, whiten, score_room, mask),
         model_args, model_kwargs)
 
 
 def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwargs, levels,
-                           whiten, mask):
+                           whiten, score_room, mask):
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
     rows = [jnp.asarray(x) for x in rows]
     n, d, dtype = pm.num_rows, theta.shape[0], theta.dtype
@@ -1256,6 +1261,8 @@ def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwar
         jac = jax.vmap(jax.grad(loglik), (None, 0))(theta, block_rows)
         if whiten is not None:
             jac = jac @ whiten
+        if score_room is not None:
+            jac = jac / score_room
         grad_sum = exact_sum(clipped(jac, clip), bound, n, levels)
         if not with_hessian:
             zeros = jnp.zeros(d * d, dtype)
