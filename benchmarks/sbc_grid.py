@@ -87,10 +87,13 @@ def write(rows: list, out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    def pct(x):
+        return "-" if x != x else f"{x:.1%}"  # NaN: no run to count
+
     lines = [f"| {r['model']} | {r['n']} | {r['epsilon']:g} | {r['simulations']} | "
-             f"{r['coverage50']:.1%} ({r['se50']:.1%}) | {r['coverage90']:.1%} ({r['se90']:.1%}) "
-             f"| {r['min_p_value']:.3g} ({r['coordinates']}) | {r['warned']} | "
-             f"{r['unwarned90']:.1%} | {r['refused']} | "
+             f"{pct(r['coverage50'])} ({pct(r['se50'])}) | {pct(r['coverage90'])} "
+             f"({pct(r['se90'])}) | {r['min_p_value']:.3g} ({r['coordinates']}) | "
+             f"{r['warned']} | {pct(r['unwarned90'])} | {r['refused']} | "
              f"{'refused' if r['passed'] is None else 'yes' if r['passed'] else 'NO'} |"
              for r in rows]
     out.with_suffix(".md").write_text(

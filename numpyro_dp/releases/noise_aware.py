@@ -14,7 +14,7 @@ post-processing of the release and cost nothing.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import dp_accounting as dpa
 import jax
@@ -23,7 +23,7 @@ import numpy as np
 import numpyro
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
-from numpyro.distributions import biject_to, constraints
+from numpyro.distributions import biject_to
 from numpyro.infer import NUTS, init_to_value
 from numpyro.infer.initialization import init_to_median
 
@@ -91,27 +91,11 @@ class UnusableReleaseError(RuntimeError):
     """The release's anchor lies so far from its mode that its model cannot be sampled."""
 
 
-def positive_latents(model: Callable, release: ScoreRelease) -> list[str]:
-    """The model's latent sites with positive support (noise scales, group sds):
-    public structure, traced on the release's stand-in arguments."""
-    with handlers.block(), handlers.seed(rng_seed=0):
-        trace = handlers.trace(model).get_trace(*release.model_args, **release.model_kwargs)
-    return sorted(n for n in release.param_shapes
-                  if trace[n]["fn"].support is constraints.positive)
-
-
-def check_release(release: ScoreRelease, *, refuse: bool, scales: Sequence[str] = ()) -> None:
-    """Warn (:class:`CalibrationWarning`) where ``release`` is not trusted or the model
-    has positive latents ``scales`` (:func:`positive_latents`), and with ``refuse``
-    raise :class:`UnusableReleaseError` where its anchor lies more than
+def check_release(release: ScoreRelease, *, refuse: bool) -> None:
+    """Warn (:class:`CalibrationWarning`) where ``release`` is not trusted, and with
+    ``refuse`` raise :class:`UnusableReleaseError` where its anchor lies more than
     :data:`~numpyro_dp.releases.score.MAX_MODEL_DISTANCE` posterior sds from its
-    mode (post-processing of the release and public structure: free).
-
-    Positive latents are warned of because the route's intervals for them were
-    measured too narrow, without any other warning: simulation-based calibration
-    of a linear-Gaussian model at n = 2,000 (``docs/results/sbc_grid.md``) covered
-    sigma at 33% with its 90% intervals at epsilon 1, and a random-intercepts model
-    covered 70% at 10, where logistic and Poisson regressions cover 86-91%."""
+    mode (post-processing of the release: free)."""
     distance = release.anchor_distance()
     if refuse and not distance <= MAX_MODEL_DISTANCE:
         raise UnusableReleaseError(
@@ -130,14 +114,6 @@ def check_release(release: ScoreRelease, *, refuse: bool, scales: Sequence[str] 
             "The posterior may be too narrow or off centre. The budget is spent; a "
             "larger epsilon (or more rows) makes the release trustworthy: "
             "mcmc.release says how far it is.", CalibrationWarning, stacklevel=4)
-    if scales:
-        warnings.warn(
-            f"{', '.join(scales)}: positive latent{'s' if len(scales) > 1 else ''} (a "
-            "noise scale or group sd). This route's intervals for such parameters are "
-            "not calibrated yet: on simulated linear-Gaussian data (n = 2,000) sigma's "
-            "90% interval covered 33% at epsilon 1, and a random-intercepts model's "
-            "intervals 70% at 10 (docs/results/sbc_grid.md). Read their posteriors, and "
-            "the others', as too narrow.", CalibrationWarning, stacklevel=4)
 
 
 class NoiseAwareNUTS(DPKernel):
@@ -207,7 +183,7 @@ class NoiseAwareNUTS(DPKernel):
             )
         if release is not None:
             # the user's choice: sampled, with a warning
-            check_release(release, refuse=False, scales=positive_latents(model, release))
+            check_release(release, refuse=False)
         self.release = release
         self.dense_mass = dense_mass
         self.target_accept_prob = target_accept_prob
@@ -296,7 +272,7 @@ class NoiseAwareNUTS(DPKernel):
         )
         object.__setattr__(self, "release", release)
         note(str(release))
-        check_release(release, refuse=True, scales=positive_latents(self._model, release))
+        check_release(release, refuse=True)
 
     # ------------------------------------------------------------ sampling
     def _inner(self, init_strategy: Callable | None = None) -> NUTS:
