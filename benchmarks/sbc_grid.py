@@ -87,6 +87,7 @@ def write(rows: list, out: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
     def pct(x):
         return "-" if x != x else f"{x:.1%}"  # NaN: no run to count
 

@@ -149,8 +149,9 @@ MAX_MODEL_DISTANCE = 30.0
 #: row's typical score cuts the rows with the largest residuals, whose scores push
 #: sigma up, and the released score is biased low by more than its noise.  On a
 #: linear-Gaussian model (n = 2,000, epsilon 3, 40 simulations, reproducible noise,
-#: the release's one-step estimate) sigma's error averaged -0.72 +- 0.26 of its sds
-#: with every coordinate's clip, 0.10 +- 0.32 with twice the clip.
+#: the release's one-step estimate, runs whose anchor lay within 3 sds) sigma's error
+#: averaged -0.72 +- 0.26 of its sds with one clip for every coordinate, -0.10 +- 0.25
+#: with this room (every clip doubled: 0.10 +- 0.32, at twice the noise everywhere).
 SCALE_SCORE_ROOM = 2.0
 #: Version of the file format of :meth:`ScoreRelease.save`.
 FORMAT = 2
