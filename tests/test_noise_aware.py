@@ -351,6 +351,19 @@ def linear_model(X, y=None):
         numpyro.sample("y", dist.Normal(b0 + X @ w, sigma), obs=y)
 
 
+def test_positive_latents_are_warned_of(fitted):
+    """Simulation-based calibration (docs/results/sbc_grid.md) found the intervals of
+    models with a noise scale too narrow with no other warning (a linear model at
+    n = 20,000): a model with a positive latent is warned of, from its structure
+    alone; the logistic model, which has none, is not."""
+    assert noise_aware.positive_latents(model, fitted.release) == []
+    release = dataclasses.replace(
+        fitted.release, param_shapes={**fitted.release.param_shapes, "sigma": ()})
+    assert noise_aware.positive_latents(linear_model, release) == ["sigma"]
+    with pytest.warns(ndp.CalibrationWarning, match="sigma: positive latent .* 81-84%"):
+        noise_aware.check_release(fitted.release, refuse=False, scales=["sigma"])
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_noise_scale_gets_room_in_the_score_clip(seed):
     """sigma's score per row, ``r^2 / sigma^2 - 1``, has a chi-square tail: at the clip
