@@ -23,7 +23,7 @@ import numpy as np
 import numpyro
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
-from numpyro.distributions import biject_to, constraints
+from numpyro.distributions import biject_to
 from numpyro.infer import NUTS, init_to_value
 from numpyro.infer.initialization import init_to_median
 
@@ -36,6 +36,7 @@ from numpyro_dp.releases.score import (
     RELEASE_CURVATURE_SHARES,
     ScoreRelease,
     curvature_noise,
+    positive_sites,
     release_entries,
     release_score,
     stand_in_arguments,
@@ -92,12 +93,10 @@ class UnusableReleaseError(RuntimeError):
 
 
 def positive_latents(model: Callable, release: ScoreRelease) -> list[str]:
-    """The model's latent sites with positive support (noise scales, group sds):
-    public structure, traced on the release's stand-in arguments."""
-    with handlers.block(), handlers.seed(rng_seed=0):
-        trace = handlers.trace(model).get_trace(*release.model_args, **release.model_kwargs)
-    return sorted(n for n in release.param_shapes
-                  if trace[n]["fn"].support is constraints.positive)
+    """The model's latent sites with positive support (noise scales, group sds), traced
+    on the release's stand-in arguments (:func:`~numpyro_dp.releases.score.positive_sites`)."""
+    return positive_sites(model, release.model_args, release.model_kwargs,
+                          release.param_shapes)
 
 
 def check_release(release: ScoreRelease, *, refuse: bool, scales: Sequence[str] = ()) -> None:

@@ -440,15 +440,22 @@ def stand_in_arguments(pm: PrivateModel) -> tuple[tuple, dict]:
     return pm.rebuild(rows)
 
 
+def positive_sites(model, model_args: tuple, model_kwargs: dict, names) -> list[str]:
+    """Which of the latent sites ``names`` have positive support (noise scales, group
+    sds): public structure, traced on the public arguments given (stand-ins for the
+    rows)."""
+    with handlers.block(), handlers.seed(rng_seed=0):
+        trace = handlers.trace(model).get_trace(*model_args, **model_kwargs)
+    return sorted(n for n in names if trace[n]["fn"].support is constraints.positive)
+
+
 def score_room(pm: PrivateModel) -> np.ndarray:
     """Per flattened coordinate, the factor the score is divided by before the clip:
-    :data:`SCALE_SCORE_ROOM` along latents with positive support, 1 elsewhere (public
-    structure, traced on stand-in arguments)."""
+    :data:`SCALE_SCORE_ROOM` along latents with positive support
+    (:func:`positive_sites`), 1 elsewhere."""
     args, kwargs = stand_in_arguments(pm)
-    with handlers.block(), handlers.seed(rng_seed=0):
-        trace = handlers.trace(pm.model).get_trace(*args, **kwargs)
-    room = {name: jnp.full(shape, SCALE_SCORE_ROOM if trace[name]["fn"].support
-                           is constraints.positive else 1.0)
+    positive = positive_sites(pm.model, args, kwargs, pm.param_shapes)
+    room = {name: jnp.full(shape, SCALE_SCORE_ROOM if name in positive else 1.0)
             for name, shape in pm.param_shapes.items()}
     return np.asarray(pm.ravel(room), float)
 
