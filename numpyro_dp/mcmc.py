@@ -51,7 +51,6 @@ from numpyro_dp.primitives.sharding import (
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_STAGES,
-    WARM_START_STEPS,
     TuningPlan,
     TuningResult,
     plan_tuning,
@@ -242,9 +241,12 @@ class PrivateMCMC(MCMC):
         together form one Gaussian mechanism that spends
         ``(warm_start + clip_selection) * epsilon`` alone; the sampler's noise
         is calibrated to what is left, so the total never exceeds ``epsilon``.
-    warm_start_steps : int
+    warm_start_steps : int, optional
         Noisy Newton steps of the warm start, a multiple of its 2 stages (each
-        step two charged releases; the share is split among them).
+        step two charged releases; the share is split among them).  By default
+        :data:`~numpyro_dp.tuning.WARM_START_STEPS`, or
+        :data:`~numpyro_dp.tuning.FOLLOWING_WARM_START_STEPS` where the data are
+        many for the budget (:func:`~numpyro_dp.tuning.follows_curvature`).
     check_mixing : bool
         After each call that draws samples, compute split R-hat, bulk ESS and
         how often each chain moved from its draws (free post-processing, kept
@@ -301,7 +303,7 @@ class PrivateMCMC(MCMC):
         max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
         warm_start: float | None = None,
         clip_selection: float = CLIP_SELECTION_SHARE,
-        warm_start_steps: int = WARM_START_STEPS,
+        warm_start_steps: int | None = None,
         check_mixing: bool = True,
         mesh: Mesh | None = None,
     ):
@@ -375,7 +377,8 @@ class PrivateMCMC(MCMC):
                 f"warm_start + clip_selection = {warm_start + clip_selection} leaves "
                 "nothing of epsilon for sampling; keep their sum well below 1."
             )
-        if not (isinstance(warm_start_steps, int) and warm_start_steps >= 2
+        if warm_start_steps is not None and not (
+                isinstance(warm_start_steps, int) and warm_start_steps >= 2
                 and warm_start_steps % WARM_START_STAGES == 0):
             raise ValueError(
                 f"warm_start_steps={warm_start_steps!r} must be a positive multiple of "
@@ -575,7 +578,8 @@ class PrivateMCMC(MCMC):
             self.epsilon, self.delta, warm_start=share if warm else 0.0,
             clip_selection=self.clip_selection, requests=requests,
             warm_start_clip=kernel.warm_start_clip, warm_start_steps=self.warm_start_steps,
-            num_rows=kernel._private_model.num_rows, neighbourhood=kernel.neighbourhood,
+            num_rows=kernel._private_model.num_rows,
+            num_params=kernel._private_model.num_params, neighbourhood=kernel.neighbourhood,
         )
 
     def _warm_start_share(self) -> float:

@@ -64,7 +64,6 @@ from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
     WARM_START_MIN_SNR,
     WARM_START_SHARE,
-    WARM_START_STEPS,
     plan_tuning,
 )
 
@@ -206,7 +205,7 @@ def auto_warm_start_share(
     num_chains: int,
     *,
     clip_selection: float,
-    warm_start_steps: int,
+    warm_start_steps: int | None,
     neighbourhood: str,
 ) -> float:
     """``warm_start="auto"``: the usual share, or :data:`STUCK_WARM_START_SHARE`
@@ -218,7 +217,7 @@ def auto_warm_start_share(
         tuning = plan_tuning(epsilon, delta, warm_start=WARM_START_SHARE,
                              clip_selection=clip_selection, requests=(), warm_start_clip=None,
                              warm_start_steps=warm_start_steps, num_rows=num_rows,
-                             neighbourhood=neighbourhood)
+                             num_params=num_params, neighbourhood=neighbourhood)
         z = _sampler_noise(epsilon, delta, None if tuning is None else tuning.event(),
                            iterations, num_chains)
     except (PrivacyBudgetError, ValueError):  # the run itself will say why it cannot be paid
@@ -270,7 +269,7 @@ def plan(
     num_chains: int = 4,
     warm_start: float | str = "auto",
     clip_selection: float = CLIP_SELECTION_SHARE,
-    warm_start_steps: int = WARM_START_STEPS,
+    warm_start_steps: int | None = None,
     neighbourhood: str = "substitute",
     data_plate: str | None = None,
     **model_kwargs,
@@ -323,7 +322,7 @@ def plan(
     def figures(eps):
         tuning = plan_tuning(eps, delta, warm_start=share(eps), clip_selection=clip_selection,
                              requests=(), warm_start_clip=None,
-                             warm_start_steps=warm_start_steps, num_rows=n,
+                             warm_start_steps=warm_start_steps, num_rows=n, num_params=d,
                              neighbourhood=neighbourhood)
         z = _sampler_noise(eps, delta, None if tuning is None else tuning.event(), iterations,
                            num_chains)

@@ -11,18 +11,25 @@ stated share of the budget, before the sampler, on
   one count by 1 (add/remove) or two counts by 1 (substitute), so the
   l2-sensitivity is 1 or sqrt(2); every quantile is post-processing of one
   release.  A clip the user states is public and costs nothing;
-* **a warm start** -- noisy Newton steps on the log posterior from a prior
-  draw, in two stages: each step releases the clipped per-row gradient sum
-  (exactly the release of a DP-HMC gradient) and the sum of the rows'
-  Hessians, each clipped to a Frobenius norm, both with Gaussian noise, and
-  takes a Newton step on them plus the public prior's terms.  The second
-  stage works in the coordinates where the first stage's Laplace
-  approximation is white, clips so that (almost) no row is cut, and releases
-  its Hessian once.  The average of its last iterates is the start; the
-  chains start around it, dispersed by its Laplace covariance and its
-  standard error (post-processing).  (Noisy gradient descent, the obvious
-  alternative, needs hundreds of paid steps to get near the mode on real,
-  ill-conditioned data, measured in ``benchmarks/``; Newton steps need a few.)
+* **a warm start** -- noisy Fisher scoring steps on the log posterior from a
+  prior draw, in two stages: each step releases the clipped per-row gradient
+  sum (exactly the release of a DP-HMC gradient) and the sum of the rows'
+  expected Hessians (the Fisher information), each clipped to a Frobenius
+  norm, both with Gaussian noise, and takes a Newton step on them plus the
+  public prior's terms (at most :data:`MAX_WARM_START_STEP` of the prior's sds
+  at its median).  The expected Hessian, unlike the observed one, stays
+  positive definite far from the mode, where a regression's coefficients and
+  its noise scale couple.  The second stage works in the coordinates where
+  the first stage's Laplace approximation is white, clips so that (almost) no
+  row is cut, and releases its Hessian once; where the data are many for the
+  budget (:func:`follows_curvature`) each stage instead whitens every step by
+  the curvature released at the last, with clips of a few rows' typical
+  values there, and takes :data:`FOLLOWING_WARM_START_STEPS`.  The average of
+  its last iterates is the start; the chains start around it, dispersed by
+  its Laplace covariance and its standard error (post-processing).  (Noisy
+  gradient descent, the obvious alternative, needs hundreds of paid steps to
+  get near the mode on real, ill-conditioned data, measured in
+  ``benchmarks/``; Newton steps need a few.)
 
 Every release is declared here as a :class:`dp_accounting.DpEvent` and
 charged to the runner's ledger under its own phase before it is computed.
@@ -45,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
+from numpyro.infer import init_to_median
 
 from numpyro_dp.accounting import calibrate_noise_multiplier, sensitivity_factor
 from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
@@ -74,6 +82,15 @@ CLIP_SELECTION_SHARE = 0.05
 #: Noisy Newton steps of the warm start (two releases each), split evenly
 #: over its stages.
 WARM_START_STEPS = 10
+#: The warm start's steps where its first stage follows the curvature
+#: (:func:`follows_curvature`: much data for the budget): its Fisher scoring steps
+#: move a noise scale that starts too large by at most half a log unit each (a
+#: row's score for it is at least -1), so on ggplot2's ``diamonds`` (n = 53,940)
+#: 10 steps left log sigma 0.3-0.5 above its mode and 2 of 3 releases refused at
+#: epsilon 1, 3 and 10, 16 none.  Where the noise is larger the extra steps cost
+#: more than they bring (R's ``turnout``, n = 2,000, epsilon 1: a release 76
+#: private sds off in 4 seeds).
+FOLLOWING_WARM_START_STEPS = 16
 #: The warm start's stages and their shares of its budget (of ``mu^2``, which
 #: Gaussian releases add).  Each stage chooses its clips afresh (a clip chosen
 #: at a prior draw far from the mode is far too loose there).  The first walks
@@ -90,6 +107,13 @@ WARM_START_STAGES = len(WARM_START_STAGE_SHARES)
 #: near the mode the curvature hardly changes, and one release carries the
 #: stage's whole share (the Laplace covariance is made of it).
 HESSIAN_SHARE = 0.2
+#: A clip in coordinates where the posterior (or its Laplace approximation) is white
+#: is at least this many times a row's typical value there: ``sqrt(d / n)`` for a
+#: score, ``d / n`` for a Hessian (the rows' sum is about the identity).
+TYPICAL_CLIPS = 3.0
+#: Largest noise of a warm-start stage's curvature, relative to the whitened curvature,
+#: at which its steps whiten by it (:func:`follows_curvature`).
+FOLLOW_CURVATURE_NOISE = 0.5
 #: Quantile of the per-row gradient norms (and Hessian norms) that clips the
 #: warm start (the final stage's gradients and Hessian cut fewer rows where
 #: their noise is small: :func:`clip_rows_above`).  Not the median of DP-SGD
@@ -124,8 +148,9 @@ QUANTILE_MARGIN_SDS = 2.0
 #: taken (its largest directional derivative): what a random-walk step sees.
 NUM_DIRECTIONS = 8
 #: Longest warm-start step, in prior standard deviations (the public prior's
-#: curvature; unbounded along a flat prior): post-processing that keeps a noisy
-#: step from throwing the iterate into the prior's tails.
+#: curvature at its median, :func:`prior_variances`; unbounded along a flat prior):
+#: post-processing that keeps a noisy step from throwing the iterate into the
+#: prior's tails.
 MAX_WARM_START_STEP = 2.0
 #: A warm start is made only when ``n / (Delta_factor z)``, the best signal-to-noise
 #: ratio of its released gradient sums (every row's clipped gradient aligned,
@@ -164,6 +189,10 @@ class TuningPlan:
         ``z`` of each warm-start stage's gradient and Hessian releases.
     noise_multiplier_histogram : float
         ``z`` of each histogram.
+    follow_curvature : tuple of bool
+        Whether each warm-start stage whitens every step by the curvature its
+        last step released (:func:`follows_curvature`); the final stage then
+        releases its curvature at every step, not once.
     """
 
     warm_start_steps: int
@@ -172,6 +201,7 @@ class TuningPlan:
     requests: tuple[ClipRequest, ...]
     warm_start_noise: tuple[tuple[float, float], ...]
     noise_multiplier_histogram: float | None
+    follow_curvature: tuple[bool, ...] = ()
 
     @property
     def num_histograms(self) -> int:
@@ -200,8 +230,10 @@ class TuningPlan:
         return self.warm_start_steps // WARM_START_STAGES
 
     def hessian_releases(self, stage: int) -> int:
-        """Hessian releases of a warm-start stage: one a step, one in the final stage."""
-        return 1 if stage == WARM_START_STAGES - 1 else self.stage_steps
+        """Hessian releases of a warm-start stage: one a step, one in a final stage
+        that does not follow the curvature."""
+        final = stage == WARM_START_STAGES - 1
+        return 1 if final and not self.follow_curvature[stage] else self.stage_steps
 
     def event(self) -> dpa.DpEvent:
         return dpa.ComposedDpEvent(
@@ -217,28 +249,57 @@ def plan_tuning(
     clip_selection: float,
     requests: tuple[ClipRequest, ...],
     warm_start_clip: float | None,
-    warm_start_steps: int = WARM_START_STEPS,
+    warm_start_steps: int | None = None,
     num_rows: int | None = None,
+    num_params: int | None = None,
     neighbourhood: str = "substitute",
 ) -> TuningPlan | None:
     """Noise of the tuning releases for shares of ``epsilon`` (None: nothing to tune).
 
     With ``num_rows``, a warm start whose gradients the noise would swamp
-    (:data:`WARM_START_MIN_SNR`) is dropped and its share left to sampling.
+    (:data:`WARM_START_MIN_SNR`) is dropped and its share left to sampling; with
+    ``num_params`` too, its stages follow the curvature where its noise allows
+    (:func:`follows_curvature`).  ``warm_start_steps=None``:
+    :data:`FOLLOWING_WARM_START_STEPS` where the first stage follows the curvature,
+    :data:`WARM_START_STEPS` elsewhere.
     """
+    size = (num_rows, num_params, sensitivity_factor(neighbourhood))
+    if warm_start_steps is None:
+        plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
+                            warm_start_clip, FOLLOWING_WARM_START_STEPS, size)
+        following = plan is not None and plan.follow_curvature[:1] == (True,)
+        warm_start_steps = FOLLOWING_WARM_START_STEPS if following else WARM_START_STEPS
     plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
-                        warm_start_clip, warm_start_steps)
+                        warm_start_clip, warm_start_steps, size)
     # The first stage, which must find its way from the prior, is the noisiest.
     if (plan is not None and plan.warm_start_steps and num_rows is not None
             and num_rows / (sensitivity_factor(neighbourhood) * plan.warm_start_noise[0][0])
             < WARM_START_MIN_SNR):
         plan = _plan_tuning(epsilon, delta, 0.0, clip_selection, requests, warm_start_clip,
-                            warm_start_steps)
+                            warm_start_steps, size)
     return plan
 
 
+def follows_curvature(noise_multiplier: float, num_rows: int | None, num_params: int | None,
+                      factor: float) -> bool:
+    """Whether a warm-start stage whose Hessian releases have this noise multiplier
+    whitens every step by the curvature its last step released (public facts only).
+
+    In coordinates white under the curvature, a clip of :data:`TYPICAL_CLIPS` rows'
+    typical values keeps its meaning wherever the steps go (a clip chosen at the
+    stage's start does not: as a noise scale shrinks its rows' gradients grow, the
+    clip cuts them all, and the steps overshoot).  That takes a curvature out of its
+    noise at every step: the noise's spectral scale ``2 factor z TYPICAL_CLIPS (d / n)
+    sqrt(d)`` at most :data:`FOLLOW_CURVATURE_NOISE` of the whitened curvature (about 1).
+    """
+    if not (num_rows and num_params):
+        return False
+    noise = 2.0 * factor * noise_multiplier * TYPICAL_CLIPS * num_params / num_rows
+    return noise * math.sqrt(num_params) <= FOLLOW_CURVATURE_NOISE
+
+
 def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_start_clip,
-                 warm_start_steps):
+                 warm_start_steps, size):
     steps = warm_start_steps if warm_start > 0 else 0
     select_start = bool(steps) and warm_start_clip is None
     plan = TuningPlan(steps, warm_start_clip, select_start, tuple(requests), (), None)
@@ -267,6 +328,11 @@ def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_star
         def z(releases, share):
             return math.sqrt(releases / (mu2_warm * share)) * (1 + 1e-9)
 
+        # A stated clip is in the model's own coordinates: they stay.
+        follow = tuple(select_start and follows_curvature(
+            z(plan.stage_steps, share * HESSIAN_SHARE), *size)
+            for share in WARM_START_STAGE_SHARES)
+        plan = dataclasses.replace(plan, follow_curvature=follow)
         noise = tuple(
             (z(plan.stage_steps, stage_share * (1.0 - HESSIAN_SHARE)),
              z(plan.hessian_releases(stage), stage_share * HESSIAN_SHARE))
@@ -352,14 +418,19 @@ def warm_start_fn(
     neighbourhood: str,
     temperature: float,
 ) -> Callable:
-    """``run(theta0, C, K, L, z_g, z_h, key, model_args, model_kwargs, secret)``
-    ``-> (start, error, cov)``: one stage of the warm start.
+    """``run(theta0, C, K, L, z_g, z_h, refresh, adapt, prior_sd2, key, model_args,
+    model_kwargs, secret) -> (start, error, cov)``: one stage of the warm start.
 
     Noisy Newton steps in the coordinates ``theta = L phi`` (``L`` public:
-    the identity, or a factor of an earlier stage's released covariance).
+    the identity, or a factor of an earlier stage's released covariance; with
+    ``adapt``, after each step ``L`` becomes a factor of that step's Laplace
+    covariance, post-processing).  ``C`` and ``K`` hold each step's clips;
+    ``refresh`` false releases the Hessian at the first step only, and
+    ``prior_sd2`` is :func:`prior_variances`.
     Each step releases the clipped gradient sum ``sum_i clip_C(L^T grad l_i)``
     (noise multiplier ``z_g``) and the clipped Hessian sum
-    ``sum_i clip_K(L^T hess l_i L)`` (Frobenius norm, ``z_h``; sensitivities
+    ``sum_i clip_K(L^T E[hess l_i] L)`` of the expected Hessians (Frobenius norm,
+    ``z_h``; sensitivities
     ``C`` and ``K`` times the neighbourhood's factor) and moves by
     ``L (-T H + P)^-1 (T g + grad log p)`` with ``g``, ``H`` the released
     sums and ``P`` the public prior's negative Hessian in those coordinates;
@@ -378,8 +449,8 @@ def warm_start_fn(
     """
     factor = sensitivity_factor(neighbourhood)
 
-    def run(theta0, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, model_args,
-            model_kwargs, secret):
+    def run(theta0, clips, hessian_clips, whiten, z_grad, z_hess, refresh, adapt, prior_sd2,
+            key, model_args, model_kwargs, secret):
         dim = theta0.shape[0]
         dtype = theta0.dtype
         levels = sum_levels(min_noise_multiplier * factor, dtype)
@@ -394,8 +465,9 @@ def warm_start_fn(
                 sensitivity_factor=factor,
             )
 
-        def step(carry, k):
-            theta, kept_hessian, kept_sigma_h = carry
+        def step(carry, inputs):
+            theta, whiten, kept_hessian, kept_sigma_h = carry
+            k, clip, hessian_clip = inputs
             key_g, key_h = random.split(random.fold_in(key, k))
             # The Hessian is released at every step, or at the first only
             # (``refresh`` false); the plan charges exactly those releases.
@@ -403,7 +475,8 @@ def warm_start_fn(
             total_g, total_h = lax.cond(
                 fresh,
                 lambda: clipped_grad_and_hessian_sums(
-                    pm, theta, clip, hessian_clip, model_args, model_kwargs, levels, whiten),
+                    pm, theta, clip, hessian_clip, model_args, model_kwargs, levels, whiten,
+                    expected=True),
                 lambda: clipped_grad_and_hessian_sums(
                     pm, theta, clip, None, model_args, model_kwargs, levels, whiten),
             )
@@ -428,24 +501,44 @@ def warm_start_fn(
             move = jnp.where(jnp.isfinite(move), move, 0.0)
             # Step length in prior standard deviations, and in unconstrained
             # units along flat priors.
-            prior_sd2 = 1.0 / jnp.maximum(jnp.diag(prior_hessian), 0.0)
             length = jnp.sqrt(jnp.sum(move**2 / prior_sd2))
             flat = jnp.sqrt(jnp.sum(jnp.where(jnp.isinf(prior_sd2), move**2, 0.0)))
             shrink = jnp.minimum(MAX_WARM_START_STEP / jnp.maximum(length, 1e-30),
                                  MAX_FLAT_STEP / jnp.maximum(flat, 1e-30))
             move = move * jnp.minimum(1.0, shrink)
             theta = theta + move.astype(dtype)
-            return (theta, *kept), (theta, covariance.astype(dtype))
+            # The next step's coordinates: white under this step's Laplace
+            # approximation, where the clips stay a few rows' typical values.
+            adapted = whiten @ (vectors / jnp.sqrt(values))
+            whiten = jnp.where(adapt & jnp.all(jnp.isfinite(adapted)), adapted, whiten)
+            return (theta, whiten, *kept), (theta, covariance.astype(dtype))
 
-        zeros = jnp.zeros(dim * dim, dtype)
-        _, (path, covariances) = lax.scan(step, (theta0, zeros, jnp.zeros((), dtype)),
-                                          jnp.arange(steps))
+        zeros = (jnp.zeros(dim * dim, dtype), jnp.zeros((), dtype))
+        _, (path, covariances) = lax.scan(
+            step, (theta0, whiten, *zeros), (jnp.arange(steps), clips, hessian_clips))
         tail = path[steps // 2:]
         m = tail.shape[0]
         error = tail.std(0, ddof=min(1, m - 1)) / math.sqrt(m)
         return tail.mean(0), error, covariances[steps // 2:].mean(0)
 
     return run
+
+
+def prior_variances(pm: PrivateModel, rng_key: jax.Array, rows: tuple) -> np.ndarray:
+    """The prior's variance along each unconstrained coordinate, from its curvature at
+    the prior's median (``inf`` along a flat prior): the fixed scale of the warm
+    start's steps.  Taken at the iterate instead, a noise scale's variance in log
+    units grows without bound as the scale shrinks (a half-normal's log density is
+    ``-sigma^2 / 2 s^2 + log sigma``), so one noisy step could throw it from 0.2 to
+    1e-27 or 1e27.  Public: the prior alone, the rows replaced by zeros."""
+    args, kwargs = pm.rebuild(tuple(jnp.zeros_like(r) for r in rows))
+    theta = pm.ravel(pm.init_params(rng_key, args, kwargs, init_to_median()))
+
+    def prior(theta):
+        return pm.log_density_terms(pm.unravel(theta), args, kwargs).prior
+
+    precision = -np.diag(np.asarray(jax.hessian(prior)(theta), float))
+    return np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
 
 
 def scale_histogram(pm: PrivateModel, scale: str, neighbourhood: str) -> Callable:
@@ -475,8 +568,9 @@ def gradient_scales(pm: PrivateModel, scale: str, theta, key, model_args, model_
     ``"norm"`` and ``"hessian"`` in the coordinates ``theta = L phi`` with
     ``whiten`` a matrix ``L``."""
     dim = theta.shape[0]
-    if scale == "hessian":
-        return row_hessian_norms(pm, theta, model_args, model_kwargs, whiten)
+    if scale in ("hessian", "fisher"):
+        return row_hessian_norms(pm, theta, model_args, model_kwargs, whiten,
+                                 expected=scale == "fisher")
     if scale == "norm":
         return row_gradient_scales(pm, theta, model_args, model_kwargs, whiten=whiten)
     directions = None
@@ -571,17 +665,23 @@ def run_tuning(
         )
 
         @jit_once
-        def warm(theta, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, rows, secret):
+        def warm(theta, clips, hessian_clips, whiten, z_grad, z_hess, refresh, adapt,
+                 prior_sd2, key, rows, secret):
             args, kwargs = pm.rebuild(rows)
-            return run(theta, clip, hessian_clip, whiten, z_grad, z_hess, refresh, key, args,
-                       kwargs, secret)
+            return run(theta, clips, hessian_clips, whiten, z_grad, z_hess, refresh, adapt,
+                       prior_sd2, key, args, kwargs, secret)
 
-        whiten = jnp.eye(theta0.shape[0], dtype=dtype)
+        prior_sd2 = jnp.asarray(prior_variances(pm, next(keys), rows), dtype)
+        steps = plan.stage_steps
+        d, n = theta0.shape[0], pm.num_rows
+        typical = (TYPICAL_CLIPS * math.sqrt(d / n), TYPICAL_CLIPS * d / n)
+        whiten = jnp.eye(d, dtype=dtype)
         for stage, (z_grad, z_hess) in enumerate(plan.warm_start_noise):
             final = stage == WARM_START_STAGES - 1
-            if plan.select_start_clip:  # a stated clip is in the model's own coordinates
-                if stage:
-                    whiten = jnp.linalg.cholesky(jnp.asarray(covariance, dtype))
+            adapt = plan.follow_curvature[stage]
+            if stage and plan.select_start_clip:
+                whiten = jnp.linalg.cholesky(jnp.asarray(covariance, dtype))
+            if plan.select_start_clip:
                 # The final stage's fixed point is the start: its clip cuts no
                 # more rows than its noise warrants.
                 clip = quantile(histogram(theta, "norm", whiten), WARM_START_QUANTILE,
@@ -590,12 +690,20 @@ def run_tuning(
             # too long (on statsmodels' randhie counts the heaviest tenth of the rows
             # carry most of it, and the final stage's iterates swung by 20 posterior
             # sds at epsilon 1e7), and the Laplace covariance too wide.
-            hessian_clip = quantile(histogram(theta, "hessian", whiten), WARM_START_QUANTILE,
+            hessian_clip = quantile(histogram(theta, "fisher", whiten), WARM_START_QUANTILE,
                                     z_hess if final else None)
+            clips = np.full(steps, clip, float)
+            hessian_clips = np.full(steps, hessian_clip, float)
+            if adapt and stage:  # whitened: a few rows' typical values
+                clips = np.maximum(clips, typical[0])
+                hessian_clips = np.maximum(hessian_clips, typical[1])
+            elif adapt:  # after its first step the first stage is whitened too
+                clips[1:], hessian_clips[1:] = typical
             theta, error, covariance = warm(
-                theta, jnp.asarray(clip, dtype), jnp.asarray(hessian_clip, dtype), whiten,
+                theta, jnp.asarray(clips, dtype), jnp.asarray(hessian_clips, dtype), whiten,
                 jnp.asarray(z_grad, dtype), jnp.asarray(z_hess, dtype),
-                jnp.asarray(plan.hessian_releases(stage) > 1), next(keys), rows, secret)
+                jnp.asarray(plan.hessian_releases(stage) > 1), jnp.asarray(adapt),
+                prior_sd2, next(keys), rows, secret)
             if not bool(jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(covariance))):
                 raise FloatingPointError(
                     "The private warm start diverged (a non-finite point). Run without it "

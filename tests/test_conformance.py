@@ -215,9 +215,10 @@ def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch
 def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkeypatch):
     """NoiseAwareNUTS (issue 37): its warm start, clip histograms, anchor stage and
     score release are made as charged, once for all chains; NUTS on the surrogate
-    makes none, in a second call neither (histograms 4, warm start 5 + 5 steps with
-    5 + 1 Hessians, 2 stages of 2 histograms, score and curvature); the ledger's
-    notes about the release cost nothing."""
+    makes none, in a second call neither (histograms 4, warm start 5 + 5 steps with a
+    Hessian each, as its stages follow the curvature at this budget, 2 stages of 2
+    histograms, score and curvature); the ledger's notes about the release cost
+    nothing."""
     from numpyro_dp import tuning
 
     monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
@@ -230,9 +231,9 @@ def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkey
     assert [e.phase for e in spent.ledger] == [
         "clip selection", "warm start", "anchor stage 1", "score release", "warmup+sample",
         "notes"]
-    assert len(releases) == spent.num_releases == 4 + 16 + 2 * 4
+    assert len(releases) == spent.num_releases == 4 + 20 + 2 * 4
     mcmc.run(jax.random.PRNGKey(1), X, y=y)
-    assert len(releases) == mcmc.privacy_spent().num_releases == 4 + 16 + 2 * 4
+    assert len(releases) == mcmc.privacy_spent().num_releases == 4 + 20 + 2 * 4
     assert mcmc.privacy_spent().epsilon == spent.epsilon <= 100.0
 
 

@@ -145,22 +145,114 @@ def test_warm_start_reaches_the_mode_at_negligible_noise(data):
                                        neighbourhood="substitute", temperature=1.0))
     secret = np.array([1, 2], np.uint32)
     z = np.float32(1e-6)
-    # From far out in the prior, a fresh Hessian each step, the model's coordinates.
+    clips, hessian_clips = np.full(10, 2.0, np.float32), np.full(10, 4.0, np.float32)
+    prior_sd2 = np.full(3, 2.5**2, np.float32)
     theta0 = np.array([3.0, -3.0, 2.0], np.float32)
-    start, error, cov = run(theta0, 2.0, 4.0, np.eye(3, dtype=np.float32), z, z, True,
-                            jax.random.PRNGKey(0), (X, y), {}, secret)
-    # ||x_i|| <= 1 and |y - p| <= 1: a clip of 2 clips nothing, so the mode is exact.
-    np.testing.assert_allclose(start, w, atol=1e-3)
-    np.testing.assert_allclose(error, 0.0, atol=1e-4)  # nothing left of the noise
-    np.testing.assert_allclose(cov, np.linalg.inv(-jax.hessian(log_post)(w)), rtol=1e-2)
+    # From far out in the prior, a fresh Hessian each step, in the model's
+    # coordinates, or whitened at each step by the last step's curvature.
+    for adapt in (False, True):
+        start, error, cov = run(theta0, clips, hessian_clips, np.eye(3, dtype=np.float32), z,
+                                z, True, adapt, prior_sd2, jax.random.PRNGKey(0), (X, y), {},
+                                secret)
+        # ||x_i|| <= 1 and |y - p| <= 1: a clip of 2 clips nothing (the whitened values
+        # are smaller), so the mode is exact.
+        np.testing.assert_allclose(start, w, atol=1e-3)
+        np.testing.assert_allclose(error, 0.0, atol=1e-4)  # nothing left of the noise
+        np.testing.assert_allclose(cov, np.linalg.inv(-jax.hessian(log_post)(w)), rtol=1e-2)
     # The final stage's set-up: near the mode, in whitened coordinates (||L|| < 1,
     # so the clips still cut nothing), one Hessian release kept for every step.
     L = np.linalg.cholesky(np.array([[0.5, 0.2, 0.0], [0.2, 0.4, 0.1], [0.0, 0.1, 0.3]],
                                     np.float32))
-    start, _, cov2 = run(w + 0.3, 2.0, 4.0, L, z, z, False, jax.random.PRNGKey(1), (X, y), {},
-                         secret)
+    start, _, cov2 = run(w + 0.3, clips, hessian_clips, L, z, z, False, False, prior_sd2,
+                         jax.random.PRNGKey(1), (X, y), {}, secret)
     np.testing.assert_allclose(start, w, atol=1e-3)
     np.testing.assert_allclose(cov2, np.linalg.inv(-jax.hessian(log_post)(w + 0.3)), rtol=1e-2)
+
+
+def linear_model(X, y=None):
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ b, sigma), obs=y)
+
+
+def test_expected_curvature_is_the_fisher_information():
+    """The warm start's curvature (issue 38): a row's expected Hessian, in closed form
+    for a normal regression in ``(b, log sigma)`` whatever ``y``; a Bernoulli's
+    observed one (it does not depend on ``y``)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (5, 2))
+    # A fit far off, along the covariates: the observed Hessian is indefinite there.
+    y = X @ np.array([5.0, 5.0]) + 0.1 * rng.normal(size=5)
+    pm = PrivateModel(linear_model, (X, y), {})
+    theta = pm.ravel({"b": np.array([0.5, -0.2]), "sigma": np.log(0.7)})
+    expected, rows = pm.one_row_loglik((X, y), {}, expected=True)
+    observed, _ = pm.one_row_loglik((X, y), {})
+    for i in range(5):
+        row = [r[i] for r in rows]
+        fisher = np.zeros((3, 3))
+        fisher[:2, :2] = np.outer(X[i], X[i]) / 0.7**2
+        fisher[2, 2] = 2.0
+        np.testing.assert_allclose(-jax.hessian(expected)(theta, row), fisher, rtol=1e-5,
+                                   atol=1e-6)
+    hessian = sum(jax.hessian(observed)(theta, [r[i] for r in rows]) for i in range(5))
+    assert np.linalg.eigvalsh(-hessian).min() < 0  # where Newton steps go astray
+    Xb, yb = make_logistic_data(20, 3, seed=1)
+    pm = PrivateModel(logistic_model, (Xb, yb), {})
+    theta = np.array([0.3, -0.4, 0.2])
+    expected, rows = pm.one_row_loglik((Xb, yb), {}, expected=True)
+    observed, _ = pm.one_row_loglik((Xb, yb), {})
+    for i in range(3):
+        row = [r[i] for r in rows]
+        np.testing.assert_allclose(jax.hessian(expected)(theta, row),
+                                   jax.hessian(observed)(theta, row), rtol=1e-5)
+
+
+def test_the_warm_start_follows_the_curvature_where_the_noise_allows():
+    """Public facts choose it: much data for the budget, 16 steps whitened at each by
+    the last released curvature (the final stage's released at every step); little,
+    10, the final stage's curvature released once."""
+    kwargs = dict(warm_start=0.3, clip_selection=0.05, requests=(), warm_start_clip=None)
+    big = tuning.plan_tuning(3.0, DELTA, num_rows=50_000, num_params=6, **kwargs)
+    small = tuning.plan_tuning(3.0, DELTA, num_rows=2_000, num_params=6, **kwargs)
+    assert big.follow_curvature == (True, True)
+    assert big.warm_start_steps == tuning.FOLLOWING_WARM_START_STEPS
+    assert [big.hessian_releases(k) for k in (0, 1)] == [8, 8]
+    assert small.follow_curvature == (False, False)
+    assert small.warm_start_steps == tuning.WARM_START_STEPS
+    assert [small.hessian_releases(k) for k in (0, 1)] == [5, 1]
+    for plan in (big, small):  # the event charges each release once
+        (_, event, _), = [e for e in plan.entries() if e[0] == "warm start"]
+        assert sum(e.count for e in event.events) == plan.warm_start_steps + sum(
+            plan.hessian_releases(k) for k in (0, 1))
+    # A stated clip keeps the model's coordinates, and the steps are as stated.
+    stated = tuning.plan_tuning(3.0, DELTA, num_rows=50_000, num_params=6, warm_start_steps=4,
+                                **{**kwargs, "warm_start_clip": 1.0})
+    assert stated.follow_curvature == (False, False) and stated.warm_start_steps == 4
+
+
+@pytest.mark.slow  # make test-all: about 40 s
+def test_the_warm_start_finds_a_small_noise_scale():
+    """Issue 38, item 1: from the prior's median (sigma about 1.35) to a noise scale of
+    0.1 on 20,000 rows at epsilon 3 (reproducible noise, 3 seeds): the warm start of
+    the per-iteration kernels and of NoiseAwareNUTS ends near sigma's mode; it put
+    sigma at 0.0002 (a collapse) or swung it between 1e-4 and 30."""
+    rng = np.random.default_rng(5)
+    n = 20_000
+    X = np.c_[np.ones(n), rng.uniform(-1, 1, (n, 2))].astype(np.float32)
+    y = (X @ np.array([0.5, 1.0, -0.7]) + 0.1 * rng.normal(size=n)).astype(np.float32)
+    for seed in range(3):
+        mcmc = ndp.PrivateMCMC(ndp.DPPenalty(linear_model), num_warmup=2, num_samples=2,
+                               epsilon=3.0, delta=DELTA, progress_bar=False,
+                               check_mixing=False, reproducible_noise=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc.run(jax.random.PRNGKey(seed), X, y=y)
+        start = mcmc.tuning.start
+        # sigma's posterior sd in log units is 1 / sqrt(2 n) = 0.005: within 0.1 is
+        # 20 of them, and the release stages after it correct the rest.
+        assert abs(float(start["sigma"]) - np.log(0.1)) < 0.1
+        np.testing.assert_allclose(start["b"], [0.5, 1.0, -0.7], atol=0.05)
 
 
 # -------------------------------------------------------------- the runner

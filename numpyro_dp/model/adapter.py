@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+from jax import lax
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.distributions import biject_to
@@ -664,20 +665,23 @@ class PrivateModel:
         and the public arguments given at construction."""
         return self._with_rows(self._public_leaves, self._treedef, rows)
 
-    def one_row_loglik(self, model_args: tuple, model_kwargs: dict) -> tuple[Callable, list]:
+    def one_row_loglik(self, model_args: tuple, model_kwargs: dict,
+                       expected: bool = False) -> tuple[Callable, list]:
         """``(loglik(theta, row), rows)``: one row's log-likelihood and the row arrays.
 
         ``theta`` is the flat unconstrained parameter vector and ``row`` one
         entry of each row array; as in :meth:`log_density_terms`, the model
         sees the row alone (a batch of one).  What per-row gradient routes
-        differentiate.
+        differentiate.  With ``expected``, a function whose Hessian at
+        ``theta`` is the row's expected one (:func:`_expected_log_prob`): for
+        curvature only, its gradient is not the row's.
         """
         leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
         rows = [leaves[i] for i in self._row_leaf_index]
 
         def loglik(theta, row):
             args, kwargs = self._with_rows(leaves, treedef, [x[None] for x in row])
-            return self._split(self.unravel(theta), args, kwargs)[1][0]
+            return self._split(self.unravel(theta), args, kwargs, expected)[1][0]
 
         return loglik, rows
 
@@ -758,8 +762,10 @@ class PrivateModel:
         # The prior is data-free (proved at setup) but may use the public n.
         return LogDensityTerms(self._split(params, model_args, model_kwargs)[0], rows)
 
-    def _split(self, params: dict, model_args: tuple, model_kwargs: dict):
-        """(prior, per-row log-likelihoods) of one run of the model."""
+    def _split(self, params: dict, model_args: tuple, model_kwargs: dict,
+               expected: bool = False):
+        """(prior, per-row log-likelihoods) of one run of the model (with
+        ``expected``, the likelihood of :func:`_expected_log_prob`)."""
         tr, log_dets = self._trace(params, model_args, model_kwargs)
         num_rows = self._plate_size(tr)
         prior = sum(log_dets.values(), jnp.zeros(()))
@@ -770,7 +776,8 @@ class PrivateModel:
             if not site["is_observed"]:
                 prior = prior + jnp.sum(_site_log_prob(site))
             elif _in_plate(site, self.data_plate):
-                rows = rows + self._per_row(_site_log_prob(site), num_rows)
+                lp = _expected_log_prob(site) if expected else _site_log_prob(site)
+                rows = rows + self._per_row(lp, num_rows)
             else:  # a data-free factor outside the plate (checked at setup)
                 prior = prior + jnp.sum(_site_log_prob(site))
         return prior, rows
@@ -836,3 +843,36 @@ def _site_log_prob(site: dict) -> jax.Array:
     if site["scale"] is not None:
         lp = site["scale"] * lp
     return lp
+
+
+def _expected_log_prob(site: dict) -> jax.Array:
+    """A log-probability whose Hessian in the parameters is, row by row, the expected
+    Hessian (the Fisher information, negated) at the parameters it is evaluated at.
+
+    The mean of the site's log-probability at ``y = mean +- sd`` of its own
+    distribution, those values held constant (``stop_gradient``): exact where the
+    log-probability is quadratic in ``y`` (a normal's, with its scale) or linear (a
+    Bernoulli's, a Poisson's, a binomial's: their Hessian does not depend on ``y``);
+    a two-point rule elsewhere.  The observed value stands in where a point is not
+    finite or outside the support, or where the distribution has no mean or
+    variance (a factor).  The Newton steps of Fisher scoring (iteratively
+    reweighted least squares) use it: unlike the observed Hessian it is positive
+    definite away from the mode, where a regression's coefficients and its noise
+    scale couple (``(beta, log sigma)`` far from the least-squares fit).
+    """
+    fn, value = site["fn"], site["value"]
+    try:
+        mean, sd = fn.mean, jnp.sqrt(fn.variance)
+    except NotImplementedError:
+        return _site_log_prob(site)
+    total = 0.0
+    for sign in (1.0, -1.0):
+        point = jnp.broadcast_to(mean + sign * sd, jnp.shape(value))
+        ok = jnp.isfinite(point) & fn.support(point)
+        ok = jnp.reshape(ok, jnp.shape(ok) + (1,) * (jnp.ndim(point) - jnp.ndim(ok)))
+        point = lax.stop_gradient(jnp.where(ok, point, value))
+        lp = fn.log_prob(point)
+        if site["scale"] is not None:
+            lp = site["scale"] * lp
+        total = total + 0.5 * lp
+    return total

@@ -1217,6 +1217,7 @@ def clipped_grad_and_hessian_sums(
     levels: int = 1,
     whiten: jax.Array | None = None,
     score_room: jax.Array | None = None,
+    expected: bool = False,
 ):
     """``sum_i clip_C(grad l_i)`` and ``sum_i clip_K(hess l_i)`` (flattened) at ``theta``.
 
@@ -1231,18 +1232,21 @@ def clipped_grad_and_hessian_sums(
     :func:`~numpyro_dp.primitives.rounding.exact_sum` pairs of rows bounded by
     ``vector_clip_bound(C, d)`` and ``vector_clip_bound(K, d^2)``, so one row
     moves the first by ``C`` and the second by ``K`` (add/remove).  With
-    ``hessian_clip=None`` no Hessian is computed and its sum is zeros.
+    ``hessian_clip=None`` no Hessian is computed and its sum is zeros; with
+    ``expected``, each row's expected Hessian is summed instead of its observed
+    one (:meth:`~numpyro_dp.model.adapter.PrivateModel.one_row_loglik`).
     Private values: for the private warm start's releases only.  Padded rows
     count 0, and the sums run where the rows live (:func:`full_data`).
     """
     return full_data(pm, lambda args, kwargs, mask: _grad_and_hessian_sums(
-        pm, theta, clip, hessian_clip, args, kwargs, levels, whiten, score_room, mask),
-        model_args, model_kwargs)
+        pm, theta, clip, hessian_clip, args, kwargs, levels, whiten, score_room, expected,
+        mask), model_args, model_kwargs)
 
 
 def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwargs, levels,
-                           whiten, score_room, mask):
+                           whiten, score_room, expected, mask):
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
+    curvature = pm.one_row_loglik(model_args, model_kwargs, expected)[0]
     rows = [jnp.asarray(x) for x in rows]
     n, d, dtype = pm.num_rows, theta.shape[0], theta.dtype
     if mask is None:
@@ -1267,7 +1271,7 @@ def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwar
         if not with_hessian:
             zeros = jnp.zeros(d * d, dtype)
             return grad_sum, (zeros, zeros)
-        hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)
+        hess = jax.vmap(jax.hessian(curvature), (None, 0))(theta, block_rows)
         if whiten is not None:
             hess = jnp.einsum("ji,njk,kl->nil", whiten, hess, whiten)
         hess = clipped(hess.reshape(hess.shape[0], d * d), hessian_clip)
@@ -1279,16 +1283,17 @@ def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwar
 def row_hessian_norms(
     pm: PrivateModel, theta: jax.Array, model_args: tuple, model_kwargs: dict,
     whiten: jax.Array | None = None,
+    expected: bool = False,
 ) -> jax.Array:
     """``||hess l_i(theta)||_F`` per row, or ``||L^T hess l_i L||_F`` with ``whiten``
     a matrix ``L`` (private: for a DP quantile only; padded rows as in
-    :func:`row_gradient_scales`)."""
+    :func:`row_gradient_scales`); with ``expected``, of the row's expected Hessian."""
     return full_data(pm, lambda args, kwargs, _: _row_hessian_norms(
-        pm, theta, args, kwargs, whiten), model_args, model_kwargs, out_rows=True)
+        pm, theta, args, kwargs, whiten, expected), model_args, model_kwargs, out_rows=True)
 
 
-def _row_hessian_norms(pm, theta, model_args, model_kwargs, whiten):
-    loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
+def _row_hessian_norms(pm, theta, model_args, model_kwargs, whiten, expected):
+    loglik, rows = pm.one_row_loglik(model_args, model_kwargs, expected)
 
     def block_norms(block_rows):
         hess = jax.vmap(jax.hessian(loglik), (None, 0))(theta, block_rows)

@@ -62,6 +62,7 @@ from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.secret import noise_key
 from numpyro_dp.tuning import (
     SCALE_GRID,
+    TYPICAL_CLIPS,
     clip_rows_above,
     histogram_quantile,
     histogram_sensitivity,
@@ -119,9 +120,6 @@ MAX_STEP = 3.0
 #: Quantile of the rows' whitened scales below which the clips lie at most
 #: (fewer rows cut where the noise is small: :func:`~numpyro_dp.tuning.clip_rows_above`).
 RELEASE_QUANTILE = 0.99
-#: A stage's clips are at least this many times a row's typical whitened score
-#: (``sqrt(d / n)``) and Hessian (``d / n``) (:func:`release_clip`).
-TYPICAL_CLIPS = 3.0
 #: The quadratic model of the log-likelihood around the anchor is trusted only
 #: within this many whitened units (about the anchor's posterior sds) of the
 #: release's mode (:meth:`ScoreRelease.trusted`).
