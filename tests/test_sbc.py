@@ -41,6 +41,16 @@ def test_harness_passes_the_exact_posterior_and_fails_an_overconfident_one():
     assert "FAILED" in str(narrow)
 
 
+@pytest.mark.slow  # make test-all: NUTS compiles once per simulation (about a minute)
+def test_nuts_is_the_yardstick_on_the_same_simulations():
+    """nuts_route: NumPyro's NUTS on the simulated rows passes where the exact
+    posterior does (40 simulations; its draws are the latents only)."""
+    route = ndp.evaluation.nuts_route(normal_mean, num_warmup=100, num_samples=200)
+    result = ndp.evaluation.sbc(route, normal_mean, 30, num_simulations=40)
+    assert result.passed, result
+    assert result.names == ("mu",) and result.num_draws == 200
+
+
 def test_refused_simulations_are_counted_not_ranked():
     """A route that refuses a simulated data set (UnusableReleaseError after its charge)
     leaves it out of the ranks and counts it; refusing all of them is an error."""

@@ -7,9 +7,10 @@
 * :mod:`~numpyro_dp.evaluation.canary`: the canary problem every kernel is
   audited on (:mod:`numpyro_dp.audit`);
 * :mod:`~numpyro_dp.evaluation.simulation`: simulation-based calibration of a
-  route (``ndp.evaluation.sbc``).
+  route (``ndp.evaluation.sbc``), and NUTS on the same simulations as its
+  yardstick (``ndp.evaluation.nuts_route``).
 """
 
-from numpyro_dp.evaluation.simulation import SBCResult, noise_aware_route, sbc
+from numpyro_dp.evaluation.simulation import SBCResult, noise_aware_route, nuts_route, sbc
 
-__all__ = ["SBCResult", "noise_aware_route", "sbc"]
+__all__ = ["SBCResult", "noise_aware_route", "nuts_route", "sbc"]

@@ -230,3 +230,22 @@ def noise_aware_route(
         return {k: samples[k] for k in mcmc.sampler._private_model.latent_sites}
 
     return route
+
+
+def nuts_route(model: Callable, *, num_warmup: int = 300, num_samples: int = 300) -> Callable:
+    """NumPyro's NUTS on the rows themselves (not private) as an SBC route: the
+    yardstick a private route is read against on the same simulations.  Its ranks are
+    uniform in expectation, so where a finite set of simulations makes both cover
+    too rarely, it is the simulations, not the private route.  One chain."""
+    from numpyro.infer import MCMC, NUTS
+
+    mcmc = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=num_samples,
+                progress_bar=False)
+
+    def route(key, *args, **kwargs):
+        mcmc.run(key, *args, **kwargs)
+        samples = mcmc.get_samples()
+        return {k: v for k, v in samples.items()
+                if k in mcmc.last_state.z}  # the latents, not deterministic sites
+
+    return route

@@ -51,6 +51,7 @@ traced program, see :mod:`numpyro_dp.model.dataflow`).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -664,6 +665,33 @@ class PrivateModel:
         """``(model_args, model_kwargs)`` from :meth:`private_inputs` (possibly traced)
         and the public arguments given at construction."""
         return self._with_rows(self._public_leaves, self._treedef, rows)
+
+    @functools.cached_property
+    def likelihood_coordinates(self) -> np.ndarray:
+        """Which flattened unconstrained coordinates the data plate's log-likelihood
+        can depend on (bool, shape ``(num_params,)``), site by site.
+
+        Public structure: the program traced on stand-in rows
+        (:func:`~numpyro_dp.model.dataflow.depends_on_private`), never a value.  A
+        latent that only the prior reads (a hierarchical model's group mean and
+        sd, where the group effects enter the likelihood) gets no information
+        from the rows: its score and curvature are zero by construction, and a
+        release need not carry noise along it.
+        """
+        rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in self._row_specs]
+        args, kwargs = self.rebuild(rows)
+        example = self._unravel(jnp.zeros(self.num_params))
+
+        def read(name):
+            def loglik(others, own):
+                return jnp.sum(self._split({**others, name: own}, args, kwargs)[1])
+
+            others = {k: v for k, v in example.items() if k != name}
+            with _quietly():
+                return bool(depends_on_private(loglik, others, example[name]))
+
+        read_by = {n: jnp.full(shape, float(read(n))) for n, shape in self.param_shapes.items()}
+        return np.asarray(self.ravel(read_by)) > 0
 
     def one_row_loglik(self, model_args: tuple, model_kwargs: dict,
                        expected: bool = False) -> tuple[Callable, list]:

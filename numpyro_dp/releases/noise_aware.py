@@ -244,7 +244,8 @@ class NoiseAwareNUTS(DPKernel):
                 "rows: plan with the model's arguments (PrivateMCMC(...).plan(*args, "
                 "**kwargs)), not num_rows alone."
             )
-        return release_entries(z, pm.num_params, pm.num_rows, self.neighbourhood)
+        return release_entries(z, int(pm.likelihood_coordinates.sum()), pm.num_rows,
+                               self.neighbourhood)
 
     def check_noise_multiplier(self, noise_multiplier: float) -> None:
         """Refuse, before anything is charged, a budget whose release would be lost in
@@ -253,12 +254,13 @@ class NoiseAwareNUTS(DPKernel):
         pm = self._private_model
         if self.release is not None or pm is None:
             return
-        d, n = pm.num_params, pm.num_rows
+        d, n = int(pm.likelihood_coordinates.sum()), pm.num_rows
         noise = curvature_noise(noise_multiplier, d, n, self.sensitivity_factor,
                                 RELEASE_CURVATURE_SHARES[1])
         if noise > MAX_CURVATURE_NOISE:
             raise UnusableReleaseError(
-                f"This budget cannot give a usable release for {d} parameters on {n} "
+                f"This budget cannot give a usable release for {d} parameters (those the "
+                f"likelihood reads) on {n} "
                 f"rows: its curvature's noise would be about {noise:.3g} times the "
                 f"curvature itself (at most {MAX_CURVATURE_NOISE:g}), so the release could "
                 "land anywhere and its posterior be confidently wrong. Nothing was spent. "

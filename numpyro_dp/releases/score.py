@@ -206,9 +206,10 @@ def release_noise(noise_multiplier: float, stage: int, num_params: int, num_rows
 
 def release_entries(noise_multiplier: float, num_params: int, num_rows: int,
                     neighbourhood: str) -> list[tuple[str, dpa.DpEvent, int]]:
-    """``(phase, per-release event, releases)`` of the phase at ``z`` for a model of
-    ``num_params`` parameters on ``num_rows`` rows: one entry a stage, its two
-    histograms, score and curvature."""
+    """``(phase, per-release event, releases)`` of the phase at ``z`` for a model whose
+    likelihood reads ``num_params`` unconstrained coordinates
+    (:attr:`PrivateModel.likelihood_coordinates`) on ``num_rows`` rows: one entry a
+    stage, its two histograms, score and curvature."""
     factor = sensitivity_factor(neighbourhood)
     entries = []
     for stage in range(len(STAGE_SHARES)):
@@ -234,14 +235,17 @@ class ScoreRelease:
         in the order of :meth:`PrivateModel.ravel`): a released warm start.
     whiten : ndarray, shape (d, d)
         ``L``: ``theta = theta_a + L v``; the anchor's Laplace covariance is ``L L^T``.
-    score : ndarray, shape (d,)
+        Its first ``k`` columns span the coordinates the likelihood reads
+        (:attr:`PrivateModel.likelihood_coordinates`, :func:`ordered_factor`): the
+        likelihood depends on ``v[:k]`` alone, and the rest is the prior's.
+    score : ndarray, shape (k,)
         ``g``: the released clipped sum of the rows' whitened scores at the
-        anchor, combined with the earlier stages' that lie near it
-        (:func:`combine_scores`).
-    curvature : ndarray, shape (d, d)
+        anchor (its first ``k`` coordinates: the others are zero by construction),
+        combined with the earlier stages' that lie near it (:func:`combine_scores`).
+    curvature : ndarray, shape (k, k)
         ``K``: the released clipped sum of the rows' whitened negative Hessians,
         symmetrised (off-diagonal noise sd ``curvature_sd / sqrt 2``).
-    score_covariance : ndarray, shape (d, d)
+    score_covariance : ndarray, shape (k, k)
         The covariance of ``g``'s noise: ``score_sd^2 R^2`` for the last stage's
         score alone (``R`` the diagonal of :func:`score_room`), less where earlier
         stages' joined it.
@@ -291,7 +295,13 @@ class ScoreRelease:
 
     @property
     def num_params(self) -> int:
+        """``d``, the model's unconstrained parameters."""
         return int(self.anchor.size)
+
+    @property
+    def num_released(self) -> int:
+        """``k``, the whitened coordinates the release covers (those the likelihood reads)."""
+        return int(self.score.size)
 
     def whitened_mode(self) -> np.ndarray:
         """``v`` where the release's likelihood peaks under a flat prior:
@@ -352,24 +362,27 @@ class ScoreRelease:
                 + curvature_noise_covariance(self.whitened_mode(), self.curvature_sd))
 
     def log_likelihood(self, v: jax.Array) -> jax.Array:
-        """The noise-aware log-likelihood of the release at whitened ``v``.
+        """The noise-aware log-likelihood of the release at whitened ``v`` (of which it
+        reads the first :attr:`num_released` coordinates).
 
         Local asymptotic normality: the score at the anchor given the parameter
         is about ``N(K v, K)``; the release adds the score's noise and the
         curvature's (:meth:`likelihood_covariance`).  So ``g | v ~ N(K+ v, C)``
         with ``C`` that covariance.
         """
+        v = v[:self.num_released]
         dtype = jnp.result_type(v)
         chol = np.linalg.cholesky(self.likelihood_covariance())
         k = jnp.asarray(psd(self.curvature), dtype)
         r = jax.scipy.linalg.solve_triangular(jnp.asarray(chol, dtype),
                                               jnp.asarray(self.score, dtype) - k @ v, lower=True)
         return (-0.5 * jnp.sum(r**2) - float(np.sum(np.log(np.diag(chol))))
-                - 0.5 * self.num_params * math.log(2 * math.pi))
+                - 0.5 * self.num_released * math.log(2 * math.pi))
 
     def __str__(self) -> str:
         return (
-            f"ScoreRelease of {self.num_params} parameters from n = {self.num_rows} rows "
+            f"ScoreRelease of {self.num_params} parameters ({self.num_released} read by the "
+            f"likelihood) from n = {self.num_rows} rows "
             f"({self.neighbourhood}): score noise sd {self.score_sd:.3g}, curvature noise sd "
             f"{self.curvature_sd:.3g} (whitened units; {self.stages_combined} stages' scores "
             f"combined); clips {self.clip:.3g} and "
@@ -480,40 +493,47 @@ def release_score(
     """
     dtype = start.dtype
     d = start.shape[0]
+    # The whitened coordinates take the likelihood's first (lower-triangular factors in
+    # that order): the rows' whitened scores and curvatures are zero past the first k,
+    # so only those are kept, and the noise past them is dropped (post-processing).
+    mask = pm.likelihood_coordinates
+    order = np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)])
+    k = int(mask.sum())
     factor = sensitivity_factor(neighbourhood)
     stages = len(STAGE_SHARES)
-    noise = [release_noise(noise_multiplier, k, d, pm.num_rows, factor) for k in range(stages)]
+    noise = [release_noise(noise_multiplier, s, k, pm.num_rows, factor) for s in range(stages)]
     z_min = min(min(z[1:]) for z in noise)
     histograms = [scale_histogram(pm, scale, neighbourhood) for scale in ("norm", "hessian")]
     sums = _sums(pm, sum_levels(z_min * factor, dtype), factor)
     theta = start
-    room = score_room(pm)
+    room = score_room(pm)[order]
     stages_made = []
     whiten = None if covariance is None else jnp.asarray(
-        np.linalg.cholesky(np.asarray(covariance, float)), dtype)
+        ordered_factor(np.asarray(covariance, float), order), dtype)
     for stage, key in enumerate(random.split(rng_key, stages)):
         z_hist, z_score, z_curv = noise[stage]
         key_hist, key_g, key_h = random.split(key, 3)
         if whiten is None:
-            whiten = jnp.asarray(np.diag(_prior_scales(sums.prior_hessian(theta, rows))), dtype)
+            scales = _prior_scales(sums.prior_hessian(theta, rows))
+            whiten = jnp.asarray(ordered_factor(np.diag(scales**2), order), dtype)
         # the score's clip is chosen where the score is divided by its room
         counts = [np.asarray(release(theta, w, jnp.asarray(z_hist, dtype), k, rows, secret))
                   for release, w, k in zip(histograms, (whiten / room, whiten),
                                            random.split(key_hist), strict=True)]
         hist_sd = z_hist * histogram_sensitivity(neighbourhood)
         clip = release_clip(counts[0], pm.num_rows, hist_sd,
-                            clip_rows_above(z_score, neighbourhood), math.sqrt(d / pm.num_rows))
+                            clip_rows_above(z_score, neighbourhood), math.sqrt(k / pm.num_rows))
         curvature_clip = release_clip(counts[1], pm.num_rows, hist_sd,
-                                      clip_rows_above(z_curv, neighbourhood), d / pm.num_rows)
+                                      clip_rows_above(z_curv, neighbourhood), k / pm.num_rows)
         g, g_sd, h, h_sd, prior_grad, prior_hess = (np.asarray(x, float) for x in sums(
             theta, jnp.asarray(clip, dtype), jnp.asarray(curvature_clip, dtype), whiten,
             jnp.asarray(room, dtype), jnp.asarray(z_score, dtype), jnp.asarray(z_curv, dtype),
             key_g, key_h, rows, secret))
-        g = g * room
-        h = h.reshape(d, d)
+        g = (g * room)[:k]
+        h = h.reshape(d, d)[:k, :k]
         curvature = -(h + h.T) / 2
         stages_made.append((np.asarray(theta, float), np.asarray(whiten, float), g,
-                            float(g_sd) * room, curvature, float(h_sd)))
+                            float(g_sd) * room[:k], curvature, float(h_sd)))
         if stage == stages - 1:
             break
         theta, whiten = _newton_step(theta, whiten, g, curvature, float(h_sd), prior_grad,
@@ -551,10 +571,12 @@ def combine_scores(stages: list) -> tuple[np.ndarray, np.ndarray, int]:
     generalised least squares combines them.  A stage joins only when its anchor
     lies within :data:`COMBINE_RADIUS` of the last one in every coordinate and both
     curvatures stand out of their noise (:func:`curvature_margin`): where one does
-    not, the first-order model of its noise does not hold.
+    not, the first-order model of its noise does not hold.  Scores and curvatures
+    cover the likelihood's coordinates, the first of every stage's whitening
+    (:func:`ordered_factor`); the other coordinates move no score.
     """
     last_anchor, last_whiten, last_score, last_sd, curvature, curvature_sd = stages[-1]
-    d = last_score.shape[0]
+    d = last_score.shape[0]  # the likelihood's coordinates, first in every whitening
 
     def variances(sd):
         return np.broadcast_to(np.asarray(sd, float) ** 2, (d,))
@@ -567,11 +589,11 @@ def combine_scores(stages: list) -> tuple[np.ndarray, np.ndarray, int]:
     smallest, noise = curvature_margin(curvature, curvature_sd)
     last_clear = smallest > noise
     for anchor, whiten, g, sd, stage_curvature, stage_curvature_sd in stages[:-1]:
-        u = inverse @ (anchor - last_anchor)
+        u = (inverse @ (anchor - last_anchor))[:d]
         smallest, noise = curvature_margin(stage_curvature, stage_curvature_sd)
         if not (last_clear and smallest > noise and np.max(np.abs(u)) <= COMBINE_RADIUS):
             continue
-        m = inverse @ whiten
+        m = (inverse @ whiten)[:d, :d]  # block-triangular: the leading block is the map
         m_inv = np.linalg.inv(m)
         k_j = psd(m_inv.T @ stage_curvature @ m_inv)
         y = np.linalg.solve(m.T, g) + 0.5 * (k + k_j) @ u
@@ -603,22 +625,35 @@ def _prior_scales(prior_hessian: np.ndarray) -> np.ndarray:
     return np.where(precision > 0, 1.0 / np.sqrt(np.maximum(precision, 1e-300)), 1.0)
 
 
+def ordered_factor(covariance: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """A factor ``L`` of ``covariance`` (``L L^T``) lower-triangular with the coordinates
+    taken in ``order``: ``L[order]`` is the Cholesky factor of
+    ``covariance[order][:, order]``.  With the likelihood's coordinates first, a row's
+    whitened score ``L^T grad l_i`` is zero past them, and so is every later stage's,
+    whose factor ``L C`` (``C`` lower-triangular) keeps the structure."""
+    factor = np.empty_like(covariance)
+    factor[order] = np.linalg.cholesky(covariance[np.ix_(order, order)])
+    return factor
+
+
 def _newton_step(theta, whiten, g, curvature, curvature_sd, prior_grad, prior_hess):
     """The next anchor and its whitening: the Newton step on the released score and
     curvature and the prior's terms, in the whitened coordinates (post-processing).
 
-    ``prior_grad`` and ``prior_hess`` are the log prior's gradient and Hessian at
-    ``theta`` in the model's coordinates.  The precision's eigenvalues are raised to
-    :data:`CURVATURE_FLOOR` times the curvature noise's scale, and the step is at
-    most :data:`MAX_STEP` ``sqrt(d)`` long.
+    ``g`` and ``curvature`` cover the likelihood's coordinates, the first of the
+    whitening's (zero past them); ``prior_grad`` and ``prior_hess`` are the log
+    prior's gradient and Hessian at ``theta`` in the model's coordinates.  The
+    precision's eigenvalues are raised to :data:`CURVATURE_FLOOR` times the curvature
+    noise's scale, and the step is at most :data:`MAX_STEP` ``sqrt(d)`` long.
     """
-    d = g.shape[0]
+    k, d = g.shape[0], theta.shape[0]
     L = np.asarray(whiten, float)
-    precision = curvature - L.T @ prior_hess @ L
+    precision = -L.T @ prior_hess @ L
+    precision[:k, :k] += curvature
     w, vectors = np.linalg.eigh((precision + precision.T) / 2)
-    w = np.maximum(w, CURVATURE_FLOOR * curvature_sd * math.sqrt(d) + 1e-12)
+    w = np.maximum(w, CURVATURE_FLOOR * curvature_sd * math.sqrt(k) + 1e-12)
     covariance = (vectors / w) @ vectors.T
-    move = covariance @ (g + L.T @ prior_grad)
+    move = covariance @ (np.pad(g, (0, d - k)) + L.T @ prior_grad)
     move *= min(1.0, MAX_STEP * math.sqrt(d) / max(float(np.linalg.norm(move)), 1e-300))
     if not (np.all(np.isfinite(move)) and np.all(np.isfinite(covariance))):
         raise FloatingPointError(
