@@ -280,6 +280,12 @@ def plan_tuning(
     return plan
 
 
+def spectral_noise(curvature_sd: float, dim: int) -> float:
+    """``2 sigma_H sqrt(d)``: about the spectral norm of a ``d x d`` curvature's
+    symmetrised noise of entry sd ``sigma_H``."""
+    return 2.0 * curvature_sd * math.sqrt(dim)
+
+
 def follows_curvature(noise_multiplier: float, num_rows: int | None, num_params: int | None,
                       factor: float) -> bool:
     """Whether a warm-start stage whose Hessian releases have this noise multiplier
@@ -294,8 +300,8 @@ def follows_curvature(noise_multiplier: float, num_rows: int | None, num_params:
     """
     if not (num_rows and num_params):
         return False
-    noise = 2.0 * factor * noise_multiplier * TYPICAL_CLIPS * num_params / num_rows
-    return noise * math.sqrt(num_params) <= FOLLOW_CURVATURE_NOISE
+    sd = factor * noise_multiplier * TYPICAL_CLIPS * num_params / num_rows
+    return spectral_noise(sd, num_params) <= FOLLOW_CURVATURE_NOISE
 
 
 def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_start_clip,

@@ -1246,7 +1246,7 @@ def clipped_grad_and_hessian_sums(
 def _grad_and_hessian_sums(pm, theta, clip, hessian_clip, model_args, model_kwargs, levels,
                            whiten, score_room, expected, mask):
     loglik, rows = pm.one_row_loglik(model_args, model_kwargs)
-    curvature = pm.one_row_loglik(model_args, model_kwargs, expected)[0]
+    curvature = pm.one_row_loglik(model_args, model_kwargs, True)[0] if expected else loglik
     rows = [jnp.asarray(x) for x in rows]
     n, d, dtype = pm.num_rows, theta.shape[0], theta.dtype
     if mask is None:

@@ -38,6 +38,7 @@ from numpyro_dp.releases.score import (
     curvature_noise,
     positive_sites,
     release_entries,
+    release_order,
     release_score,
     stand_in_arguments,
 )
@@ -248,8 +249,7 @@ class NoiseAwareNUTS(DPKernel):
                 "rows: plan with the model's arguments (PrivateMCMC(...).plan(*args, "
                 "**kwargs)), not num_rows alone."
             )
-        return release_entries(z, int(pm.likelihood_coordinates.sum()), pm.num_rows,
-                               self.neighbourhood)
+        return release_entries(z, release_order(pm)[1], pm.num_rows, self.neighbourhood)
 
     def check_noise_multiplier(self, noise_multiplier: float) -> None:
         """Refuse, before anything is charged, a budget whose release would be lost in
@@ -258,7 +258,7 @@ class NoiseAwareNUTS(DPKernel):
         pm = self._private_model
         if self.release is not None or pm is None:
             return
-        d, n = int(pm.likelihood_coordinates.sum()), pm.num_rows
+        d, n = release_order(pm)[1], pm.num_rows
         noise = curvature_noise(noise_multiplier, d, n, self.sensitivity_factor,
                                 RELEASE_CURVATURE_SHARES[1])
         if noise > MAX_CURVATURE_NOISE:

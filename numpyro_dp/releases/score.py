@@ -67,6 +67,7 @@ from numpyro_dp.tuning import (
     histogram_quantile,
     histogram_sensitivity,
     scale_histogram,
+    spectral_noise,
 )
 
 #: Shares of the phase's ``mu^2`` of the stages; the last is the release modelled.
@@ -426,12 +427,6 @@ class ScoreRelease:
         return cls(**facts)
 
 
-def spectral_noise(curvature_sd: float, dim: int) -> float:
-    """``2 sigma_H sqrt(d)``: about the spectral norm of a ``d x d`` curvature's
-    symmetrised noise of entry sd ``sigma_H``."""
-    return 2.0 * curvature_sd * math.sqrt(dim)
-
-
 def curvature_margin(curvature: np.ndarray, curvature_sd: float) -> tuple[float, float]:
     """``(smallest eigenvalue, noise)`` of a released curvature: it stands out of its
     noise where the first exceeds the second (:func:`spectral_noise`)."""
@@ -493,12 +488,7 @@ def release_score(
     """
     dtype = start.dtype
     d = start.shape[0]
-    # The whitened coordinates take the likelihood's first (lower-triangular factors in
-    # that order): the rows' whitened scores and curvatures are zero past the first k,
-    # so only those are kept, and the noise past them is dropped (post-processing).
-    mask = pm.likelihood_coordinates
-    order = np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)])
-    k = int(mask.sum())
+    order, k = release_order(pm)
     factor = sensitivity_factor(neighbourhood)
     stages = len(STAGE_SHARES)
     noise = [release_noise(noise_multiplier, s, k, pm.num_rows, factor) for s in range(stages)]
@@ -517,9 +507,10 @@ def release_score(
             scales = _prior_scales(sums.prior_hessian(theta, rows))
             whiten = jnp.asarray(ordered_factor(np.diag(scales**2), order), dtype)
         # the score's clip is chosen where the score is divided by its room
-        counts = [np.asarray(release(theta, w, jnp.asarray(z_hist, dtype), k, rows, secret))
-                  for release, w, k in zip(histograms, (whiten / room, whiten),
-                                           random.split(key_hist), strict=True)]
+        counts = [np.asarray(release(theta, w, jnp.asarray(z_hist, dtype), hist_key, rows,
+                                     secret))
+                  for release, w, hist_key in zip(histograms, (whiten / room, whiten),
+                                                  random.split(key_hist), strict=True)]
         hist_sd = z_hist * histogram_sensitivity(neighbourhood)
         clip = release_clip(counts[0], pm.num_rows, hist_sd,
                             clip_rows_above(z_score, neighbourhood), math.sqrt(k / pm.num_rows))
@@ -549,6 +540,17 @@ def release_score(
         num_rows=pm.num_rows, neighbourhood=neighbourhood, param_shapes=dict(pm.param_shapes),
         data_plate=pm.data_plate, model_args=args, model_kwargs=kwargs,
     )
+
+
+def release_order(pm: PrivateModel) -> tuple[np.ndarray, int]:
+    """``(order, k)``: the flattened coordinates with the ``k`` the likelihood reads
+    first (:attr:`PrivateModel.likelihood_coordinates`, public structure).  Every
+    whitening of the release is lower-triangular in that order (:func:`ordered_factor`),
+    so the rows' whitened scores and curvatures are zero past the first ``k``: only
+    those are kept, the noise past them dropped (post-processing), and the budget's
+    split (:func:`release_entries`) counts ``k``."""
+    mask = pm.likelihood_coordinates
+    return np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)]), int(mask.sum())
 
 
 def combine_scores(stages: list) -> tuple[np.ndarray, np.ndarray, int]:
