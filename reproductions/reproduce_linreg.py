@@ -167,7 +167,7 @@ class Samplers:
 # -------------------------------------------------------- non-private truth
 def _exact_model(S, z, yy, n, prior):
     theta = numpyro.sample("theta", dist.MultivariateNormal(prior.mean, prior.cov))
-    s2 = numpyro.sample("sigma_y2", dist.InverseGamma(prior.a, prior.b))
+    s2 = numpyro.sample("sigma_y2", prior.noise_variance)
     rss = yy - 2 * theta @ z + theta @ S @ theta
     numpyro.factor("lik", -n / 2 * jnp.log(s2) - rss / (2 * s2))
 
@@ -234,18 +234,18 @@ def precompile(args):
         if exp == "sim" and (exp, setting) not in {j[0] for j in jobs}:
             d = setting
             X, y, _, _, bx, by = simulate(np.random.default_rng(0), args.n, d, 1)
-            prior, J, delta = lr.LinRegPrior.default(d), 1, 0.1 / args.n
+            prior, J, delta = lr.LinRegPrior.paper(d), 1, 0.1 / args.n
             jobs.append(((exp, setting), "exact", lambda X=X, y=y, p=prior: exact_job(
                 X, y, p, samplers)))
         elif exp == "real" and (exp, setting) not in {j[0] for j in jobs}:
             X, y, bx, by = diabetes()
             tr, _ = real_split(X, 0)
             X, y, J = X[tr], y[tr], setting
-            prior, delta = lr.LinRegPrior.default(X.shape[1]), 0.1 / len(tr)
+            prior, delta = lr.LinRegPrior.paper(X.shape[1]), 0.1 / len(tr)
         else:
             continue
         rel = lr.release_linreg_stats(random.PRNGKey(0), *holders(X, y, J), x_bound=bx,
-                                      y_bound=by, epsilon=1.0, delta=delta)
+                                      y_bound=by, epsilon=1.0, delta=delta, with_yty=False)
         for m in ("fixedS", "normalX"):
             jobs.append(((exp, setting), m, lambda r=rel, m=m, p=prior: nuts_job(
                 r, m, p, samplers)))
@@ -265,8 +265,9 @@ def run_methods(key, X, y, X_test, y_test, x_bound, y_bound, eps, delta, J, prio
                 samplers, methods=METHODS):
     """Yield (method, test_mse, mmd, seconds) for every method at one epsilon."""
     k_rel, k_fit, k_ada, k_draw = random.split(key, 4)
+    # the paper's release: X^T X and X^T y only
     rel = lr.release_linreg_stats(k_rel, *holders(X, y, J), x_bound=x_bound, y_bound=y_bound,
-                                  epsilon=eps, delta=delta)
+                                  epsilon=eps, delta=delta, with_yty=False)
     for method in methods:
         t = time.perf_counter()
         if method == "adaSSP":
@@ -329,7 +330,7 @@ def run_sim(args, d, run, done, samplers):
     todo = [e for e in args.eps if (f"d={d}", str(run), str(e)) not in done]
     if not todo:
         return
-    prior = lr.LinRegPrior.default(d)
+    prior = lr.LinRegPrior.paper(d)
     rng = np.random.default_rng(1000 * d + run)
     X, y, Xt, yt, bx, by = simulate(rng, args.n, d, 2000)
     key = random.PRNGKey(1000 * d + run)
@@ -350,7 +351,7 @@ def run_real(args, J, run, done, samplers, data):
     if (f"diabetes J={J}", str(run), "1.0") in done:
         return
     X, y, bx, by = data
-    prior = lr.LinRegPrior.default(X.shape[1])
+    prior = lr.LinRegPrior.paper(X.shape[1])
     tr, te = real_split(X, run)
     rows = [dict(experiment="real", setting=f"diabetes J={J}", run=run, epsilon=1.0,
                  method=m, test_mse=mse, mmd=dd, seconds=s)

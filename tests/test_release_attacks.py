@@ -132,7 +132,7 @@ def statistics(rel):
     """Every released coordinate over all holders (the count's, under add/remove, too)."""
     d = rel.S_hat.shape[-1]
     iu = np.triu_indices(d)
-    parts = [rel.S_hat[:, iu[0], iu[1]], rel.z_hat]
+    parts = [rel.S_hat[:, iu[0], iu[1]], rel.z_hat, rel.yty[:, None]]
     if rel.neighbourhood == "add_remove":
         weight = lr.count_weight(mech.computed_bound(rel.x_bound, d),
                                  mech.computed_bound(rel.y_bound, 1), "add_remove")
@@ -167,7 +167,8 @@ def test_one_row_moves_the_holders_statistics_by_at_most_the_charged_sensitivity
             assert rel.sigma == base.sigma  # nothing published depends on n
             worst = max(worst, np.linalg.norm(statistics(base) - statistics(rel)))
     # add/remove attains the nominal sensitivity; substitute's joint bound is not attained
-    assert (0.999 if neighbourhood == "add_remove" else 0.8) * nominal < worst <= charged
+    # (the replacement moves them by 2 of its sqrt(7))
+    assert (0.999 if neighbourhood == "add_remove" else 0.75) * nominal < worst <= charged
 
 
 def test_add_remove_publishes_nothing_exact_about_the_row_counts():

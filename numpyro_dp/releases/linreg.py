@@ -2,9 +2,11 @@
 
 Alparslan, Yildirim & Birbil (2023); Alparslan (2023), s5.2.  Each of J data holders
 releases, once, ``S_hat_j = X_j^T X_j + sigma M_j`` (``M_j`` symmetric, upper
-triangle iid N(0, 1)) and ``z_hat_j = X_j^T y_j + sigma v_j`` by one Gaussian
-mechanism on the joint vector.  Everything after the release is
-post-processing and costs no budget:
+triangle iid N(0, 1)), ``z_hat_j = X_j^T y_j + sigma v_j`` and, by default,
+``u_hat_j = y_j^T y_j + sigma w_j`` (Bernstein & Sheldon 2019: without it the data
+say nothing about ``sigma_y``, which stays the prior's) by one Gaussian mechanism on
+the joint vector.  Everything after the release is post-processing and costs no
+budget:
 
 * :func:`fit` runs NumPyro's NUTS on a noise-aware model, ``"fixedS"``
   (:func:`fixed_s_model`, ``S_j`` fixed at the nearest PSD matrix to
@@ -15,8 +17,10 @@ post-processing and costs no budget:
 
 The model is ``y_i = x_i^T theta + e_i``, ``e_i ~ N(0, sigma_y^2)``, without
 intercept (append a constant column inside the bound if one is wanted),
-``theta ~ N(m, C)``, ``sigma_y^2 ~ IG(a, b)``, and, given the holder's true
-``S_j``, ``z_hat_j ~ N(S_j theta, sigma_y^2 S_j + sigma^2 I)``.
+``theta ~ N(m, C)``, ``sigma_y^2`` from :attr:`LinRegPrior.noise_variance`, and, given
+the holder's true ``S_j``, ``z_hat_j ~ N(S_j theta, sigma_y^2 S_j + sigma^2 I)``; with
+``u_hat_j`` the pair ``(z_hat_j, u_hat_j)`` is normal with the exact first two
+moments of ``(X_j^T y_j, y_j^T y_j)`` given ``S_j`` (:func:`observe_statistics`).
 
 Precision: the releases follow :mod:`numpyro_dp.releases.mechanisms` :
 secret noise, statistics computed in float64 (blockwise products summed in
@@ -31,6 +35,7 @@ relative to ``S``.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import dp_accounting as dpa
@@ -40,6 +45,7 @@ import numpyro
 import numpyro.distributions as dist
 from jax import random
 from numpyro.distributions import constraints
+from numpyro.distributions.transforms import PowerTransform
 from numpyro.infer import MCMC, NUTS, init_to_value
 from scipy.stats import norm
 
@@ -80,27 +86,34 @@ from numpyro_dp.releases.mechanisms import (
 COUNT_WEIGHT = 0.25
 
 
-def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "substitute") -> float:
-    """l2-sensitivity of ``(upper triangle of X^T X, X^T y)``.
+def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "substitute",
+                       with_yty: bool = True) -> float:
+    """l2-sensitivity of ``(upper triangle of X^T X, X^T y[, y^T y])``.
 
-    Rows with ``||x|| <= x_bound`` and ``|y| <= y_bound``.  Add/remove:
-    ``sqrt(x_bound^4 + x_bound^2 y_bound^2)`` (Alparslan 2023, eq. 5.12).
-    Substitute: ``sqrt(2 x_bound^4 + 4 x_bound^2 y_bound^2)`` (see
+    Rows with ``||x|| <= x_bound`` and ``|y| <= y_bound``.  Without ``y^T y``,
+    add/remove: ``sqrt(x_bound^4 + x_bound^2 y_bound^2)`` (Alparslan 2023, eq.
+    5.12); substitute: ``sqrt(2 x_bound^4 + 4 x_bound^2 y_bound^2)`` (see
     :func:`~numpyro_dp.releases.mechanisms.gram_sensitivity`; the ``X^T y`` part
-    doubles), below the factor 2 of the triangle inequality.  Holders hold
-    disjoint rows, so a row moves one holder's statistics only.
+    doubles), below the factor 2 of the triangle inequality.  ``y^T y`` adds
+    ``y_bound^4`` under the root in both neighbourhoods: a row's ``y^2`` lies in
+    ``[0, y_bound^2]``, so a substitution moves it by ``y_bound^2`` at most.  Each
+    part's bound holds whatever the others do, so the root of their squares bounds
+    the joint vector.  Holders hold disjoint rows, so a row moves one holder's
+    statistics only.
     """
     bx, by = check_bound("x_bound", x_bound), check_bound("y_bound", y_bound)
     z_part = sum_sensitivity(bx * by, neighbourhood)
-    return math.sqrt(gram_sensitivity(bx, neighbourhood) ** 2 + z_part**2)
+    u_part = by**2 if with_yty else 0.0
+    return math.sqrt(gram_sensitivity(bx, neighbourhood) ** 2 + z_part**2 + u_part**2)
 
 
-def count_weight(x_bound: float, y_bound: float, neighbourhood: str) -> float:
+def count_weight(x_bound: float, y_bound: float, neighbourhood: str,
+                 with_yty: bool = True) -> float:
     """What one row adds to the released count coordinate: 0 (none) under ``"substitute"``,
     where the counts are public, else :data:`COUNT_WEIGHT` times the statistics' sensitivity."""
     if check_neighbourhood(neighbourhood) == "substitute":
         return 0.0
-    return COUNT_WEIGHT * linreg_sensitivity(x_bound, y_bound, neighbourhood)
+    return COUNT_WEIGHT * linreg_sensitivity(x_bound, y_bound, neighbourhood, with_yty)
 
 
 def linreg_plan(
@@ -110,6 +123,7 @@ def linreg_plan(
     x_bound: float,
     y_bound: float,
     neighbourhood: str,
+    with_yty: bool = True,
 ) -> GridPlan:
     """:class:`~numpyro_dp.releases.mechanisms.GridPlan` of one holder's :func:`linreg_statistic`.
 
@@ -117,18 +131,20 @@ def linreg_plan(
     (:func:`~numpyro_dp.releases.mechanisms.planned_rows`: n, or the public
     ``max_rows`` under add/remove).  Sensitivity :func:`linreg_sensitivity` at
     the bounds as computed, joined under add/remove by the count coordinate
-    (:func:`count_weight`), plus the error bounds of both sums
+    (:func:`count_weight`), plus the error bounds of the sums
     (:func:`~numpyro_dp.releases.mechanisms.row_product_error`), the count's
     rounding and the grid rounding.
     """
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
-    w = count_weight(bx, by, neighbourhood)
+    w = count_weight(bx, by, neighbourhood, with_yty)
     error = (row_product_error(num_rows, bx, bx, d * d) + row_product_error(num_rows, bx, by, d)
+             + (row_product_error(num_rows, by, by, 1) if with_yty else 0.0)
              + U64 * w * num_rows)
-    sensitivity = math.hypot(linreg_sensitivity(bx, by, neighbourhood), w)
+    sensitivity = math.hypot(linreg_sensitivity(bx, by, neighbourhood, with_yty), w)
     return grid_plan(
-        noise_multiplier, sensitivity, d * (d + 3) // 2 + (w > 0),
-        magnitude=num_rows * max(bx * max(bx, by), w), error=error,
+        noise_multiplier, sensitivity, d * (d + 3) // 2 + with_yty + (w > 0),
+        magnitude=num_rows * max(bx * max(bx, by), by**2 if with_yty else 0.0, w),
+        error=error,
     )
 
 
@@ -138,14 +154,19 @@ def xty_statistic(X, y) -> tuple:
     return hi[:, 0], lo[:, 0]
 
 
-def linreg_statistic(X, y, weight: float = 0.0) -> tuple:
-    """``(upper triangle of X^T X, X^T y)`` as computed for a release: a double-word pair.
+def linreg_statistic(X, y, weight: float = 0.0, with_yty: bool = True) -> tuple:
+    """``(upper triangle of X^T X, X^T y[, y^T y])`` as computed for a release: a
+    double-word pair.
 
     With ``weight > 0`` the row count times ``weight`` is appended (add/remove,
     :func:`count_weight`).  Call under ``jax.enable_x64(True)``.
     """
     (s_hi, s_lo), (z_hi, z_lo) = upper_triangle(row_product_sum(X, X)), xty_statistic(X, y)
     parts_hi, parts_lo = [s_hi, z_hi], [s_lo, z_lo]
+    if with_yty:
+        u_hi, u_lo = row_product_sum(y[:, None], y[:, None])
+        parts_hi.append(u_hi[0])
+        parts_lo.append(u_lo[0])
     if weight > 0:
         parts_hi.append(jnp.array([weight * len(X)], jnp.float64))
         parts_lo.append(jnp.zeros(1, jnp.float64))
@@ -193,6 +214,9 @@ class LinRegRelease(NamedTuple):
         Noisy ``X_j^T X_j`` (symmetric, not necessarily PSD).
     z_hat : ndarray (J, d)
         Noisy ``X_j^T y_j``.
+    yty : ndarray (J,) or None
+        Noisy ``y_j^T y_j``; None where it was not released (``with_yty=False``,
+        paper 002's release).
     n_rows : ndarray (J,)
         Rows per holder: exact under ``"substitute"`` (public), released with
         noise (about ``noise_multiplier / COUNT_WEIGHT`` rows, floored at 0)
@@ -209,6 +233,7 @@ class LinRegRelease(NamedTuple):
 
     S_hat: np.ndarray
     z_hat: np.ndarray
+    yty: np.ndarray | None
     n_rows: np.ndarray
     sigma: float
     x_bound: float
@@ -251,8 +276,9 @@ def release_linreg_stats(
     max_rows: int | None = None,
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
+    with_yty: bool = True,
 ) -> LinRegRelease:
-    """Release ``(S_hat_j, z_hat_j)`` for each data holder's rows.
+    """Release ``(S_hat_j, z_hat_j, u_hat_j)`` for each data holder's rows.
 
     Parameters
     ----------
@@ -280,6 +306,11 @@ def release_linreg_stats(
         (:func:`~numpyro_dp.releases.mechanisms.planned_rows`).
     ledger, reproducible_noise :
         As in :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
+    with_yty : bool
+        Release ``y_j^T y_j`` with the rest (default), so that the data inform
+        ``sigma_y`` (Bernstein & Sheldon 2019); it raises the sensitivity by
+        ``y_bound^4`` under the root (:func:`linreg_sensitivity`).  False makes
+        paper 002's release, whose ``sigma_y`` is the prior's.
 
     The noise covers :func:`linreg_sensitivity` plus the computation's error
     bounds and the grid rounding (:func:`linreg_plan`); one Gaussian event,
@@ -290,43 +321,62 @@ def release_linreg_stats(
     holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
     d = holders[0][0].shape[1]
-    plan = linreg_plan(z, rows, d, x_bound, y_bound, neighbourhood)
-    weight = count_weight(computed_bound(x_bound, d), computed_bound(y_bound, 1), neighbourhood)
+    plan = linreg_plan(z, rows, d, x_bound, y_bound, neighbourhood, with_yty)
+    weight = count_weight(computed_bound(x_bound, d), computed_bound(y_bound, 1), neighbourhood,
+                          with_yty)
     entry = release_entry("LinRegStats", dpa.GaussianDpEvent(z), reproducible_noise)
     k = d * (d + 1) // 2
 
     def draw(key):
-        stats = np.stack([plan.release(random.fold_in(key, j), *linreg_statistic(Xj, yj, weight))
+        stats = np.stack([plan.release(random.fold_in(key, j),
+                                       *linreg_statistic(Xj, yj, weight, with_yty))
                           for j, (Xj, yj) in enumerate(holders)])
         return np.stack([symmetric_from_upper(s[:k], d) for s in stats]), stats[:, k:]
 
     S_hat, rest = secret_release(rng_key, entry, neighbourhood, draw, ledger=ledger,
                                  what="release_linreg_stats")
+    yty = rest[:, d] if with_yty else None
     if weight > 0:
-        n_rows = np.maximum(rest[:, d] / weight, 0.0)
+        n_rows = np.maximum(rest[:, -1] / weight, 0.0)
     else:
         n_rows = np.array([len(Xj) for Xj, _ in holders])
-    return LinRegRelease(S_hat, rest[:, :d], n_rows, float(plan.scale), float(x_bound),
+    return LinRegRelease(S_hat, rest[:, :d], yty, n_rows, float(plan.scale), float(x_bound),
                          float(y_bound), entry, neighbourhood)
 
 
 # -------------------------------------------------------------------- prior
 class LinRegPrior(NamedTuple):
-    """Hyperparameters: ``theta ~ N(mean, cov)``, ``sigma_y^2 ~ IG(a, b)``,
-    ``Sigma_x ~ IW(iw_scale, iw_df)`` (normalX only)."""
+    """Hyperparameters: ``theta ~ N(mean, cov)``, ``sigma_y^2 ~ noise_variance`` (a
+    NumPyro distribution on the positive reals), ``Sigma_x ~ IW(iw_scale, iw_df)``
+    (normalX only)."""
 
     mean: np.ndarray
     cov: np.ndarray
-    a: float
-    b: float
+    noise_variance: dist.Distribution
     iw_scale: np.ndarray
     iw_df: float
 
     @classmethod
-    def default(cls, d: int) -> LinRegPrior:
-        """Alparslan (2023), s7.2: a = 20, b = 0.5, m = 0, C = (a - 1) / b I, IW(I, d + 1)."""
+    def default(cls, d: int, x_bound: float, y_bound: float) -> LinRegPrior:
+        """Weakly informative, on the scale the public bounds set: ``theta_k ~ N(0, (2.5
+        y_bound sqrt(d) / x_bound)^2)`` (a coefficient times a typical feature,
+        ``x_bound / sqrt(d)``, reaches 2.5 times the largest ``|y|``) and
+        ``sigma_y ~ HalfNormal(y_bound)`` (``|y| <= y_bound`` bounds ``sigma_y`` by about
+        it; flat near 0, so small noise scales are not ruled out); ``IW(I, d + 1)``."""
+        scale = 2.5 * check_bound("y_bound", y_bound) * math.sqrt(d) / check_bound(
+            "x_bound", x_bound)
+        noise = dist.TransformedDistribution(dist.HalfNormal(float(y_bound)),
+                                             PowerTransform(2.0))
+        return cls(np.zeros(d), scale**2 * np.eye(d), noise, np.eye(d), d + 1.0)
+
+    @classmethod
+    def paper(cls, d: int) -> LinRegPrior:
+        """Alparslan (2023), s7.2: ``sigma_y^2 ~ IG(20, 0.5)``, ``m = 0``, ``C = (a - 1) / b
+        I``, ``IW(I, d + 1)``.  Informative (``sigma_y`` about 0.16 whatever the data):
+        for reproducing the paper."""
         a, b = 20.0, 0.5
-        return cls(np.zeros(d), (a - 1) / b * np.eye(d), a, b, np.eye(d), d + 1.0)
+        return cls(np.zeros(d), (a - 1) / b * np.eye(d), dist.InverseGamma(a, b), np.eye(d),
+                   d + 1.0)
 
 
 def nearest_psd(S_hat) -> np.ndarray:
@@ -354,35 +404,82 @@ def _check_stats(S, z_hat, psd: bool):
 
 
 # ------------------------------------------------------------------- models
-def _observe_z(S, z_hat, sigma_z, theta, sigma_y2):
+def observe_statistics(S, z_hat, sigma_z, theta, sigma_y2, yty=None, n_rows=None, S_hat=None):
+    """The release's likelihood given each holder's ``S_j`` (J, d, d).
+
+    Without ``yty``: ``z_hat_j ~ N(S_j theta, sigma_y2 S_j + sigma_z^2 I)``.  With it,
+    ``(z_hat_j, u_hat_j)`` is normal with the exact first two moments of ``(X_j^T y_j,
+    y_j^T y_j)`` given ``S_j`` and ``e ~ N(0, sigma_y2 I)``, plus the release's noise:
+    ``E u = theta^T S_j theta + n_j sigma_y2``, ``Var u = 4 sigma_y2 theta^T S_j theta +
+    2 n_j sigma_y2^2 + sigma_z^2``, ``Cov(z, u) = 2 sigma_y2 S_j theta`` (Bernstein &
+    Sheldon 2019 make the same normal approximation; ``y^T y`` is a noncentral
+    chi-square with ``n_j`` degrees of freedom, close to normal for the n at which a
+    release is informative).
+
+    ``S_hat`` given (the released ``S_j`` with its noise ``M``, of sd ``sigma_z`` in
+    each upper-triangle entry): the means take ``S_hat_j`` and the covariance adds the
+    noise ``-M theta`` and ``-theta^T M theta`` brings, both linear in ``M``, so exact:
+    ``Cov(M theta) = sigma_z^2 (|theta|^2 I + theta theta^T - diag(theta^2))``,
+    ``Var(theta^T M theta) = sigma_z^2 (2 |theta|^4 - sum theta^4)``,
+    ``Cov(M theta, theta^T M theta) = sigma_z^2 theta (2 |theta|^2 - theta^2)``.
+    Without it (paper 002's fixedS) ``S_j`` is taken as exact, and the posterior of
+    ``theta`` is too narrow where ``M theta`` is not small beside ``X^T e``.
+    """
     d = S.shape[-1]
-    cov = sigma_y2 * S + sigma_z**2 * jnp.eye(d)
+    eye = jnp.eye(d)
+    mean = (S if S_hat is None else S_hat) @ theta
+    cov = sigma_y2 * S + sigma_z**2 * eye
+    t2 = theta**2
+    norm2 = jnp.sum(t2)
+    if S_hat is not None:
+        cov = cov + sigma_z**2 * (norm2 * eye + jnp.outer(theta, theta) - jnp.diag(t2))
+    if yty is None:
+        with numpyro.plate("holders", S.shape[0]):
+            numpyro.sample("z_hat", dist.MultivariateNormal(mean, covariance_matrix=cov),
+                           obs=z_hat)
+        return
+    quad = mean @ theta
+    n = jnp.asarray(np.asarray(n_rows, np.float64))
+    cross = 2 * sigma_y2 * (S @ theta)
+    var_u = 4 * sigma_y2 * ((S @ theta) @ theta) + 2 * n * sigma_y2**2 + sigma_z**2
+    if S_hat is not None:
+        cross = cross + sigma_z**2 * theta * (2 * norm2 - t2)
+        var_u = var_u + sigma_z**2 * (2 * norm2**2 - jnp.sum(t2**2))
+    joint_cov = jnp.concatenate([
+        jnp.concatenate([cov, cross[..., :, None]], axis=-1),
+        jnp.concatenate([cross, var_u[..., None]], axis=-1)[..., None, :],
+    ], axis=-2)
+    joint_mean = jnp.concatenate([mean, (quad + n * sigma_y2)[..., None]], axis=-1)
     with numpyro.plate("holders", S.shape[0]):
-        numpyro.sample("z_hat", dist.MultivariateNormal(S @ theta, covariance_matrix=cov),
-                       obs=z_hat)
+        numpyro.sample("zu_hat", dist.MultivariateNormal(joint_mean,
+                                                         covariance_matrix=joint_cov),
+                       obs=jnp.concatenate([z_hat, jnp.asarray(yty)[:, None]], axis=-1))
 
 
 def _theta_sigma(prior: LinRegPrior, sigma_y2):
     theta = numpyro.sample("theta", dist.MultivariateNormal(prior.mean, prior.cov))
     if sigma_y2 is None:
-        sigma_y2 = numpyro.sample("sigma_y2", dist.InverseGamma(prior.a, prior.b))
+        sigma_y2 = numpyro.sample("sigma_y2", prior.noise_variance)
     return theta, sigma_y2
 
 
-def fixed_s_model(S, z_hat, sigma_z, prior: LinRegPrior, sigma_y2=None):
+def fixed_s_model(S, z_hat, sigma_z, prior: LinRegPrior, sigma_y2=None, yty=None,
+                  n_rows=None, S_hat=None):
     """MCMC-fixedS (Alparslan 2023, Alg. 17) as a NumPyro model.
 
-    ``S`` (J, d, d) is PSD, e.g. :func:`nearest_psd` of the release;
-    ``z_hat_j ~ N(S_j theta, sigma_y2 S_j + sigma_z^2 I)`` with ``z_j``
-    integrated out.  A fixed ``sigma_y2`` replaces its IG prior.
+    ``S`` (J, d, d) is PSD, e.g. :func:`nearest_psd` of the release; the
+    release's likelihood is :func:`observe_statistics` with ``z_j`` integrated out
+    (and ``y^T y`` where ``yty`` is given, with the rows ``n_rows``; ``S_hat``, the
+    release's own, propagates its noise, which the paper's fixedS ignores).  A fixed
+    ``sigma_y2`` replaces its prior.
     """
     if isinstance(S, np.ndarray):
         _check_stats(S, z_hat, psd=True)
     theta, sigma_y2 = _theta_sigma(prior, sigma_y2)
-    _observe_z(S, z_hat, sigma_z, theta, sigma_y2)
+    observe_statistics(S, z_hat, sigma_z, theta, sigma_y2, yty, n_rows, S_hat)
 
 
-def normal_x_model(S_hat, z_hat, n_rows, sigma, prior: LinRegPrior, sigma_y2=None):
+def normal_x_model(S_hat, z_hat, n_rows, sigma, prior: LinRegPrior, sigma_y2=None, yty=None):
     """MCMC-normalX (Alparslan 2023, Alg. 16) as a NumPyro model.
 
     ``x ~ N(0, Sigma_x)``, ``Sigma_x ~ IW(iw_scale, iw_df)``, so
@@ -391,7 +488,7 @@ def normal_x_model(S_hat, z_hat, n_rows, sigma, prior: LinRegPrior, sigma_y2=Non
     (Wishart-inverse-Wishart conjugacy), which leaves the joint posterior of
     ``(theta, sigma_y2, S)`` unchanged and removes its correlation with S:
     ``log p(S_1:J) = sum_j (n_j - d - 1)/2 log|S_j| - (df + n)/2 log|Lambda + sum_j S_j|``
-    up to a constant.
+    up to a constant.  The release's likelihood given ``S``: :func:`observe_statistics`.
     """
     J, d = S_hat.shape[0], S_hat.shape[-1]
     n = float(np.sum(n_rows))
@@ -404,7 +501,34 @@ def normal_x_model(S_hat, z_hat, n_rows, sigma, prior: LinRegPrior, sigma_y2=Non
         numpyro.sample("S_hat", dist.Normal(S[:, iu[0], iu[1]], sigma).to_event(1),
                        obs=S_hat[:, iu[0], iu[1]])
     theta, sigma_y2 = _theta_sigma(prior, sigma_y2)
-    _observe_z(S, z_hat, sigma, theta, sigma_y2)
+    observe_statistics(S, z_hat, sigma, theta, sigma_y2, yty, n_rows)
+
+
+#: A parameter whose posterior sd is at least this share of its prior's is reported
+#: as informed by the prior alone (:class:`PriorDominatedWarning`).
+PRIOR_DOMINATED_SHARE = 0.9
+
+
+class PriorDominatedWarning(UserWarning):
+    """The release hardly informs a parameter: its posterior sd is within 10% of its
+    prior's, so what the posterior says of it is the prior's."""
+
+
+def prior_dominated(prior: LinRegPrior, samples: dict) -> list[str]:
+    """Names of the parameters in ``samples`` (``theta``, ``sigma_y2``) whose posterior sd
+    is at least :data:`PRIOR_DOMINATED_SHARE` of the prior's (post-processing: the
+    draws and the public prior; the prior's sd of ``sigma_y2`` from 20,000 of its
+    draws, infinite where the prior has none)."""
+    names = []
+    theta_sd = np.sqrt(np.diag(np.asarray(prior.cov, np.float64)))
+    post_sd = np.asarray(samples["theta"], np.float64).std(0)
+    names += [f"theta[{k}]" for k in np.flatnonzero(post_sd >= PRIOR_DOMINATED_SHARE * theta_sd)]
+    if "sigma_y2" in samples:
+        draws = np.asarray(prior.noise_variance.sample(random.PRNGKey(0), (20_000,)), np.float64)
+        if np.std(np.asarray(samples["sigma_y2"], np.float64)) >= (
+                PRIOR_DOMINATED_SHARE * np.std(draws)):
+            names.append("sigma_y2")
+    return names
 
 
 def fit(
@@ -422,23 +546,32 @@ def fit(
     """Run NumPyro's NUTS on the noise-aware model; post-processing, no budget spent.
 
     Returns the run :class:`numpyro.infer.MCMC` (``get_samples()``: ``theta``,
-    ``sigma_y2`` and, for normalX, ``S``; ``arviz.from_numpyro`` works).
-    Chains start from the fast estimate and ``nearest_psd(S_hat)``, both
-    functions of the release only.
+    ``sigma_y2`` and, for normalX, ``S``; ``arviz.from_numpyro`` works).  ``prior``:
+    :meth:`LinRegPrior.default` at the release's bounds unless given.  Chains start
+    from the fast estimate (``sigma_y2`` from the released ``y^T y`` where there is
+    one) and ``nearest_psd(S_hat)``, functions of the release only.  A
+    :class:`PriorDominatedWarning` names the parameters whose posterior sd is within
+    10% of the prior's.
     """
     d = release.S_hat.shape[-1]
-    prior = LinRegPrior.default(d) if prior is None else prior
+    prior = LinRegPrior.default(d, release.x_bound, release.y_bound) if prior is None else prior
     _check_stats(release.S_hat, release.z_hat, psd=False)
     S_psd = nearest_psd(release.S_hat)
-    init = {"theta": fast_posterior(release, prior, sigma_y2).mean}
+    start = fast_posterior(release, prior, sigma_y2)
+    init = {"theta": start.mean}
+    if sigma_y2 is None:
+        init["sigma_y2"] = start.sigma_y2
     if method == "fixedS":
-        model, args = fixed_s_model, (S_psd, release.z_hat, release.sigma, prior, sigma_y2)
+        model = fixed_s_model
+        args = (S_psd, release.z_hat, release.sigma, prior, sigma_y2, release.yty,
+                release.n_rows, release.S_hat)
     elif method == "normalX":
         # start S strictly inside the cone: eigenvalues at least the noise scale
         w, V = np.linalg.eigh(S_psd)
         init["S"] = (V * np.maximum(w, release.sigma)[..., None, :]) @ np.swapaxes(V, 1, 2)
         model = normal_x_model
-        args = (release.S_hat, release.z_hat, release.n_rows, release.sigma, prior, sigma_y2)
+        args = (release.S_hat, release.z_hat, release.n_rows, release.sigma, prior, sigma_y2,
+                release.yty)
     else:
         raise ValueError(f"method={method!r}; use 'fixedS' or 'normalX'.")
     kernel = NUTS(model, dense_mass=True,
@@ -446,6 +579,16 @@ def fit(
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
                 progress_bar=progress_bar, chain_method="sequential")
     mcmc.run(rng_key, *args)
+    dominated = prior_dominated(prior, mcmc.get_samples())
+    if dominated:
+        warnings.warn(
+            f"{', '.join(dominated)}: the posterior sd is within 10% of the prior's, so the "
+            "release hardly informs them and what the posterior says of them is the prior's. "
+            "A larger epsilon, tighter public bounds (x_bound, y_bound) or more rows inform "
+            "them; otherwise report them as the prior's."
+            + ("" if release.yty is not None or sigma_y2 is not None else
+               " sigma_y2 is the prior's whenever y^T y is not released (with_yty=False)."),
+            PriorDominatedWarning, stacklevel=2)
     return mcmc
 
 
@@ -480,19 +623,40 @@ def theta_conditional(S, z_hat, sigma_z, sigma_y2, prior: LinRegPrior) -> Gaussi
     return GaussianPosterior(cov @ lin, (cov + cov.T) / 2, float(sigma_y2))
 
 
+def noise_variance_estimate(release: LinRegRelease, theta) -> float:
+    """``sigma_y^2`` from the released ``y^T y`` at ``theta`` (post-processing): the
+    residual sum of squares ``sum_j u_hat_j - 2 theta^T z_hat_j + theta^T S_hat_j theta``
+    over the rows, kept within ``[(y_bound / 1000)^2, y_bound^2]``; ``(y_bound / 3)^2``
+    (paper 002's crude value, a three-sigma rule) where no ``y^T y`` was released."""
+    if release.yty is None:
+        return (release.y_bound / 3) ** 2
+    theta = np.asarray(theta, np.float64)
+    rss = np.sum(release.yty - 2 * release.z_hat @ theta
+                 + np.einsum("i,jik,k->j", theta, release.S_hat, theta))
+    s2 = rss / max(float(np.sum(release.n_rows)), 1.0)
+    return float(np.clip(s2, (release.y_bound / 1000) ** 2, release.y_bound**2))
+
+
 def fast_posterior(
     release: LinRegRelease, prior: LinRegPrior | None = None, sigma_y2: float | None = None
 ) -> GaussianPosterior:
     """Bayes-fixedS-fast (Alparslan 2023, Alg. 18; its m_post corrected to the posterior mean).
 
-    ``S_j`` fixed at :func:`nearest_psd` of the release and ``sigma_y2`` at a
-    crude value, by default ``(y_bound / 3)^2`` (the paper writes
-    ``||Y|| / 3``; we read it as the standard deviation, a three-sigma rule).
+    ``S_j`` fixed at :func:`nearest_psd` of the release and ``sigma_y2``, unless given,
+    at :func:`noise_variance_estimate`: from the released ``y^T y`` at the estimate
+    made with paper 002's crude value, then once more at the new one.
     """
-    prior = LinRegPrior.default(release.S_hat.shape[-1]) if prior is None else prior
+    d = release.S_hat.shape[-1]
+    prior = LinRegPrior.default(d, release.x_bound, release.y_bound) if prior is None else prior
     _check_stats(release.S_hat, release.z_hat, psd=False)
-    s2 = (release.y_bound / 3) ** 2 if sigma_y2 is None else sigma_y2
-    return theta_conditional(nearest_psd(release.S_hat), release.z_hat, release.sigma, s2, prior)
+    S = nearest_psd(release.S_hat)
+    if sigma_y2 is not None:
+        return theta_conditional(S, release.z_hat, release.sigma, sigma_y2, prior)
+    post = theta_conditional(S, release.z_hat, release.sigma, (release.y_bound / 3) ** 2, prior)
+    for _ in range(2):
+        s2 = noise_variance_estimate(release, post.mean)
+        post = theta_conditional(S, release.z_hat, release.sigma, s2, prior)
+    return post
 
 
 # ------------------------------------------------------------------ adaSSP
