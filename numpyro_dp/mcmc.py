@@ -580,6 +580,7 @@ class PrivateMCMC(MCMC):
             warm_start_clip=kernel.warm_start_clip, warm_start_steps=self.warm_start_steps,
             num_rows=kernel._private_model.num_rows,
             num_params=kernel._private_model.num_params, neighbourhood=kernel.neighbourhood,
+            noise_scale=kernel._private_model.likelihood_reads_scale,
         )
 
     def _warm_start_share(self) -> float:
@@ -595,6 +596,7 @@ class PrivateMCMC(MCMC):
             self.epsilon, self.delta, pm.num_rows, pm.num_params, self._planned_iterations(),
             self.num_chains, clip_selection=self.clip_selection,
             warm_start_steps=self.warm_start_steps, neighbourhood=self.sampler.neighbourhood,
+            noise_scale=pm.likelihood_reads_scale,
         )
 
     def _charge(self, iterations: int, phase: str, tuning: TuningPlan | None = None) -> None:

@@ -207,17 +207,20 @@ def auto_warm_start_share(
     clip_selection: float,
     warm_start_steps: int | None,
     neighbourhood: str,
+    noise_scale: bool = False,
 ) -> float:
     """``warm_start="auto"``: the usual share, or :data:`STUCK_WARM_START_SHARE`
     when the sampler could not travel :data:`MARGINAL_TRAVEL` at the usual one.
 
-    Public facts only (``n``, ``d``, the budget and the run's shape).
+    Public facts only (``n``, ``d``, the budget, the run's shape, and whether the
+    likelihood reads a noise scale).
     """
     try:
         tuning = plan_tuning(epsilon, delta, warm_start=WARM_START_SHARE,
                              clip_selection=clip_selection, requests=(), warm_start_clip=None,
                              warm_start_steps=warm_start_steps, num_rows=num_rows,
-                             num_params=num_params, neighbourhood=neighbourhood)
+                             num_params=num_params, neighbourhood=neighbourhood,
+                             noise_scale=noise_scale)
         z = _sampler_noise(epsilon, delta, None if tuning is None else tuning.event(),
                            iterations, num_chains)
     except (PrivacyBudgetError, ValueError):  # the run itself will say why it cannot be paid
@@ -317,13 +320,14 @@ def plan(
         return auto_warm_start_share(eps, delta, n, d, iterations, num_chains,
                                      clip_selection=clip_selection,
                                      warm_start_steps=warm_start_steps,
-                                     neighbourhood=neighbourhood)
+                                     neighbourhood=neighbourhood,
+                                     noise_scale=pm.likelihood_reads_scale)
 
     def figures(eps):
         tuning = plan_tuning(eps, delta, warm_start=share(eps), clip_selection=clip_selection,
                              requests=(), warm_start_clip=None,
                              warm_start_steps=warm_start_steps, num_rows=n, num_params=d,
-                             neighbourhood=neighbourhood)
+                             neighbourhood=neighbourhood, noise_scale=pm.likelihood_reads_scale)
         z = _sampler_noise(eps, delta, None if tuning is None else tuning.event(), iterations,
                            num_chains)
         step, travel = travel_sds(n, d, z, iterations, factor)

@@ -253,17 +253,18 @@ def plan_tuning(
     num_rows: int | None = None,
     num_params: int | None = None,
     neighbourhood: str = "substitute",
+    noise_scale: bool = False,
 ) -> TuningPlan | None:
     """Noise of the tuning releases for shares of ``epsilon`` (None: nothing to tune).
 
     With ``num_rows``, a warm start whose gradients the noise would swamp
     (:data:`WARM_START_MIN_SNR`) is dropped and its share left to sampling; with
-    ``num_params`` too, its stages follow the curvature where its noise allows
-    (:func:`follows_curvature`).  ``warm_start_steps=None``:
-    :data:`FOLLOWING_WARM_START_STEPS` where the first stage follows the curvature,
-    :data:`WARM_START_STEPS` elsewhere.
+    ``num_params`` too, its stages follow the curvature where its noise allows and the
+    likelihood reads a noise scale (``noise_scale``, :func:`follows_curvature`).
+    ``warm_start_steps=None``: :data:`FOLLOWING_WARM_START_STEPS` where the first stage
+    follows the curvature, :data:`WARM_START_STEPS` elsewhere.
     """
-    size = (num_rows, num_params, sensitivity_factor(neighbourhood))
+    size = (num_rows, num_params, sensitivity_factor(neighbourhood), noise_scale)
     if warm_start_steps is None:
         plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
                             warm_start_clip, FOLLOWING_WARM_START_STEPS, size)
@@ -287,18 +288,22 @@ def spectral_noise(curvature_sd: float, dim: int) -> float:
 
 
 def follows_curvature(noise_multiplier: float, num_rows: int | None, num_params: int | None,
-                      factor: float) -> bool:
+                      factor: float, noise_scale: bool) -> bool:
     """Whether a warm-start stage whose Hessian releases have this noise multiplier
     whitens every step by the curvature its last step released (public facts only).
 
     In coordinates white under the curvature, a clip of :data:`TYPICAL_CLIPS` rows'
     typical values keeps its meaning wherever the steps go (a clip chosen at the
     stage's start does not: as a noise scale shrinks its rows' gradients grow, the
-    clip cuts them all, and the steps overshoot).  That takes a curvature out of its
+    clip cuts them all, and the steps overshoot).  That needs a likelihood that reads a
+    noise scale (``noise_scale``: :attr:`PrivateModel.likelihood_reads_scale`); without
+    one the clip of a few typical rows only cuts a heavy tail (on statsmodels'
+    ``randhie`` counts, epsilon 10, 3 seeds: the anchor 13-170 posterior sds from the
+    release's mode with it, 2-4 without).  And it takes a curvature out of its
     noise at every step: the noise's spectral scale ``2 factor z TYPICAL_CLIPS (d / n)
     sqrt(d)`` at most :data:`FOLLOW_CURVATURE_NOISE` of the whitened curvature (about 1).
     """
-    if not (num_rows and num_params):
+    if not (num_rows and num_params and noise_scale):
         return False
     sd = factor * noise_multiplier * TYPICAL_CLIPS * num_params / num_rows
     return spectral_noise(sd, num_params) <= FOLLOW_CURVATURE_NOISE

@@ -212,29 +212,46 @@ def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch
     assert spent.epsilon <= 100.0
 
 
-def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkeypatch):
+def linear_model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w, sigma), obs=y)
+
+
+@pytest.mark.parametrize("model,epsilon,warm_start", [
+    (logistic_model, 100.0, 10 + 5 + 1),  # 5 + 5 steps, a Hessian at the first stage's
+    # a noise scale: 5 + 5 steps with a Hessian at each (at 16 steps the first stage's
+    # curvature would be too noisy to follow)
+    (linear_model, 300.0, 10 + 10),
+])
+def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkeypatch, model,
+                                                          epsilon, warm_start):
     """NoiseAwareNUTS (issue 37): its warm start, clip histograms, anchor stage and
     score release are made as charged, once for all chains; NUTS on the surrogate
-    makes none, in a second call neither (histograms 4, warm start 5 + 5 steps with a
-    Hessian each, as its stages follow the curvature at this budget, 2 stages of 2
+    makes none, in a second call neither (histograms 4; the warm start's steps and
+    Hessians, whose number depends on whether its stages follow the curvature, which
+    they do at this budget where the likelihood reads a noise scale; 2 stages of 2
     histograms, score and curvature); the ledger's notes about the release cost
     nothing."""
     from numpyro_dp import tuning
 
     monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
     X, y = data
-    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(logistic_model), num_warmup=5, num_samples=5,
-                           num_chains=2, chain_method="vectorized", epsilon=100.0, delta=1e-4,
+    if model is linear_model:
+        y = X @ np.array([0.5, -0.3]) + 0.3 * np.random.default_rng(0).normal(size=len(y))
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=5, num_samples=5,
+                           num_chains=2, chain_method="vectorized", epsilon=epsilon, delta=1e-4,
                            progress_bar=False, check_mixing=False)
     mcmc.run(jax.random.PRNGKey(0), X, y=y)
     spent = mcmc.privacy_spent()
     assert [e.phase for e in spent.ledger] == [
         "clip selection", "warm start", "anchor stage 1", "score release", "warmup+sample",
         "notes"]
-    assert len(releases) == spent.num_releases == 4 + 20 + 2 * 4
+    assert len(releases) == spent.num_releases == 4 + warm_start + 2 * 4
     mcmc.run(jax.random.PRNGKey(1), X, y=y)
-    assert len(releases) == mcmc.privacy_spent().num_releases == 4 + 20 + 2 * 4
-    assert mcmc.privacy_spent().epsilon == spent.epsilon <= 100.0
+    assert len(releases) == mcmc.privacy_spent().num_releases == 4 + warm_start + 2 * 4
+    assert mcmc.privacy_spent().epsilon == spent.epsilon <= epsilon
 
 
 ADD_REMOVE = [name for name, spec in KERNELS.items() if "add_remove" in spec[1]]

@@ -209,12 +209,19 @@ def test_expected_curvature_is_the_fisher_information():
 
 
 def test_the_warm_start_follows_the_curvature_where_the_noise_allows():
-    """Public facts choose it: much data for the budget, 16 steps whitened at each by
-    the last released curvature (the final stage's released at every step); little,
-    10, the final stage's curvature released once."""
-    kwargs = dict(warm_start=0.3, clip_selection=0.05, requests=(), warm_start_clip=None)
+    """Public facts choose it: much data for the budget and a likelihood that reads a
+    noise scale, 16 steps whitened at each by the last released curvature (the final
+    stage's released at every step); little data, or no noise scale (counts, where the
+    clip of a few typical rows cuts a heavy tail), 10, the final stage's curvature
+    released once."""
+    kwargs = dict(warm_start=0.3, clip_selection=0.05, requests=(), warm_start_clip=None,
+                  noise_scale=True)
     big = tuning.plan_tuning(3.0, DELTA, num_rows=50_000, num_params=6, **kwargs)
     small = tuning.plan_tuning(3.0, DELTA, num_rows=2_000, num_params=6, **kwargs)
+    counts = tuning.plan_tuning(3.0, DELTA, num_rows=50_000, num_params=6,
+                                **{**kwargs, "noise_scale": False})
+    assert counts.follow_curvature == (False, False)
+    assert counts.warm_start_steps == tuning.WARM_START_STEPS
     assert big.follow_curvature == (True, True)
     assert big.warm_start_steps == tuning.FOLLOWING_WARM_START_STEPS
     assert [big.hessian_releases(k) for k in (0, 1)] == [8, 8]

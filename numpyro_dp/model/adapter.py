@@ -64,7 +64,7 @@ import numpyro
 from jax import lax
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
-from numpyro.distributions import biject_to
+from numpyro.distributions import biject_to, constraints
 from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 
@@ -692,6 +692,20 @@ class PrivateModel:
 
         read_by = {n: jnp.full(shape, float(read(n))) for n, shape in self.param_shapes.items()}
         return np.asarray(self.ravel(read_by)) > 0
+
+    @functools.cached_property
+    def likelihood_reads_scale(self) -> bool:
+        """Whether the data plate's log-likelihood reads a latent with positive support
+        (a noise scale, a dispersion): public structure, traced on stand-in rows, with
+        :attr:`likelihood_coordinates`.  Such a latent sets the scale of every row's
+        score, which grows without bound as it shrinks."""
+        rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in self._row_specs]
+        args, kwargs = self.rebuild(rows)
+        with _quietly(), handlers.block(), handlers.seed(rng_seed=0):
+            trace = handlers.trace(self.model).get_trace(*args, **kwargs)
+        positive = {n: jnp.full(shape, float(trace[n]["fn"].support is constraints.positive))
+                    for n, shape in self.param_shapes.items()}
+        return bool(np.any((np.asarray(self.ravel(positive)) > 0) & self.likelihood_coordinates))
 
     def one_row_loglik(self, model_args: tuple, model_kwargs: dict,
                        expected: bool = False) -> tuple[Callable, list]:
