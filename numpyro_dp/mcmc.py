@@ -25,7 +25,13 @@ from numpyro_dp.accounting import (
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.kernels.base import DPKernel
-from numpyro_dp.mixing import MixingReport, MixingWarning, mixing_report, warn_if_not_mixed
+from numpyro_dp.mixing import (
+    MixingReport,
+    MixingWarning,
+    mixing_report,
+    warn_if_not_mixed,
+)
+from numpyro_dp.mixing import print_summary as print_draws_summary
 from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import (
@@ -712,6 +718,29 @@ class PrivateMCMC(MCMC):
             None if not kernel.calibrated_noise else z, after, self.epsilon, fits,
             affordable, advice if fits is False else "", zs, largest_batch,
         )
+
+    def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
+        """NumPyro's summary table of the draws (free: post-processing), with ``n_eff``
+        and ``r_hat`` as :attr:`mixing` and ``az.summary`` compute them (ArviZ's
+        rank-normalised split R-hat and bulk ESS, :func:`~numpyro_dp.mixing.print_summary`),
+        so that the three agree on the same draws; then the number of divergences where
+        the kernel reports them.
+
+        Parameters
+        ----------
+        prob : float
+            Mass of the highest posterior density interval shown.
+        exclude_deterministic : bool
+            Leave out deterministic sites, as NumPyro does.
+        """
+        sites = self.get_samples(group_by_chain=True)
+        latent = getattr(self._last_state, self._sample_field, None)
+        if exclude_deterministic and isinstance(latent, dict):
+            sites = {k: v for k, v in sites.items() if k in latent}
+        print_draws_summary(sites, prob)
+        extra = self.get_extra_fields()
+        if "diverging" in extra:
+            print(f"Number of divergences: {int(np.sum(np.asarray(extra['diverging'])))}")
 
     def privacy_spent(self) -> PrivacySpent:
         """What all charged calls of this runner's ledger have spent together."""

@@ -18,7 +18,8 @@ import arviz as az
 import numpy as np
 import xarray as xr
 
-__all__ = ["MixingReport", "MixingWarning", "mixing_report", "warn_if_not_mixed"]
+__all__ = ["MixingReport", "MixingWarning", "mixing_report", "print_summary",
+           "rank_diagnostics", "warn_if_not_mixed"]
 
 #: Split R-hat above this means the chains (or the halves of one chain) disagree.
 RHAT_LIMIT = 1.05
@@ -87,6 +88,40 @@ class MixingReport(NamedTuple):
         return head + ("; " + "; ".join(problems) if problems else "; looks mixed")
 
 
+def rank_diagnostics(samples_by_chain: Mapping[str, np.ndarray]) -> dict | None:
+    """Per coordinate: ArviZ's rank-normalised split R-hat and bulk ESS (what
+    ``az.summary`` shows), by site, each of the site's shape past ``(chain, draw)``.
+
+    One chain's R-hat is that of its two halves.  A coordinate that never moved has R-hat
+    inf and ESS 0.  None when there are fewer than 4 draws per chain (split R-hat needs 4).
+    """
+    sites = {k: np.asarray(v, dtype=np.float64) for k, v in samples_by_chain.items()}
+    shapes = {k: v.shape[2:] for k, v in sites.items() if v.size}
+    sites = {k: v.reshape(v.shape[:2] + (-1,)) for k, v in sites.items() if v.size}
+    if not sites or next(iter(sites.values())).shape[1] < 4:
+        return None
+
+    # A plain Dataset works on both ArviZ lines (0.x and the DataTree-based 1.x, whose
+    # from_dict takes other arguments).
+    def dataset(sites):
+        return xr.Dataset({k: (("chain", "draw", f"{k}_dim_0"), v) for k, v in sites.items()})
+
+    halves = {k: v[:, : v.shape[1] // 2 * 2].reshape(2, v.shape[1] // 2, -1)
+              for k, v in sites.items()}
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        one = next(iter(sites.values())).shape[0] == 1
+        rhats = az.rhat(dataset(halves if one else sites), method="rank")
+        esses = az.ess(dataset(sites), method="bulk")
+    out = {}
+    for name, x in sites.items():
+        r, e = np.asarray(rhats[name]), np.asarray(esses[name])
+        frozen = np.ptp(x, axis=(0, 1)) == 0
+        out[name] = (np.where(frozen | ~np.isfinite(r), np.inf, r).reshape(shapes[name]),
+                     np.where(frozen | ~np.isfinite(e), 0.0, e).reshape(shapes[name]))
+    return out
+
+
 def mixing_report(samples_by_chain: Mapping[str, np.ndarray]) -> MixingReport | None:
     """Split R-hat, bulk ESS and movement of draws grouped by chain.
 
@@ -99,39 +134,54 @@ def mixing_report(samples_by_chain: Mapping[str, np.ndarray]) -> MixingReport | 
     Returns
     -------
     MixingReport or None
-        None when there are fewer than 4 draws per chain (split R-hat needs 4).
+        None when there are fewer than 4 draws per chain (split R-hat needs 4).  R-hat
+        and ESS: :func:`rank_diagnostics` (the largest and the least).
     """
-    sites = {k: np.asarray(v, dtype=np.float64) for k, v in samples_by_chain.items()}
-    sites = {k: v.reshape(v.shape[:2] + (-1,)) for k, v in sites.items() if v.size}
-    if not sites or next(iter(sites.values())).shape[1] < 4:
+    diagnostics = rank_diagnostics(samples_by_chain)
+    if diagnostics is None:
         return None
-    # ArviZ's rank-normalised split R-hat and bulk ESS: what az.summary shows.  A
-    # plain Dataset works on both ArviZ lines (0.x and the DataTree-based 1.x,
-    # whose from_dict takes other arguments).
-    def dataset(sites):
-        return xr.Dataset({k: (("chain", "draw", f"{k}_dim_0"), v) for k, v in sites.items()})
-
-    # One chain: ArviZ's R-hat needs two; split R-hat of one chain is its halves'.
-    halves = {k: v[:, : v.shape[1] // 2 * 2].reshape(2, v.shape[1] // 2, -1)
-              for k, v in sites.items()}
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        one = next(iter(sites.values())).shape[0] == 1
-        rhats = az.rhat(dataset(halves if one else sites), method="rank")
-        esses = az.ess(dataset(sites), method="bulk")
-    rhat, ess = {}, {}
-    for name, x in sites.items():
-        r, e = np.asarray(rhats[name]), np.asarray(esses[name])
-        # A coordinate that never moved has no variance: R-hat inf, ESS 0.
-        frozen = np.ptp(x, axis=(0, 1)) == 0
-        rhat[name] = float(np.max(np.where(frozen | ~np.isfinite(r), np.inf, r)))
-        ess[name] = float(np.min(np.where(frozen | ~np.isfinite(e), 0.0, e)))
-    draws = np.concatenate(list(sites.values()), axis=-1)  # (chains, draws, coordinates)
+    rhat = {k: float(np.max(r)) for k, (r, _) in diagnostics.items()}
+    ess = {k: float(np.min(e)) for k, (_, e) in diagnostics.items()}
+    draws = np.concatenate([np.asarray(samples_by_chain[k], np.float64).reshape(
+        np.shape(samples_by_chain[k])[:2] + (-1,)) for k in diagnostics], axis=-1)
     changed = np.any(draws[:, 1:] != draws[:, :-1], axis=-1)
     worst_rhat = max(rhat, key=rhat.get)
     worst_ess = min(ess, key=ess.get)
     return MixingReport(rhat[worst_rhat], worst_rhat, ess[worst_ess], worst_ess,
                         changed.mean(axis=1), changed.shape[1] + 1)
+
+
+def print_summary(samples_by_chain: Mapping[str, np.ndarray], prob: float = 0.9) -> None:
+    """NumPyro's summary table (``numpyro.diagnostics.print_summary``: mean, sd, median,
+    the ``prob`` HPDI, n_eff, r_hat), with ``n_eff`` and ``r_hat`` from
+    :func:`rank_diagnostics`, so that it reports the R-hat that :func:`mixing_report`
+    and ``az.summary`` report (NumPyro's own split R-hat, without the rank
+    normalisation, read 96 where they read 4.5 on the same frozen chains)."""
+    from itertools import product
+
+    from numpyro.diagnostics import summary
+
+    samples = {k: np.asarray(v) for k, v in samples_by_chain.items()}
+    table = summary(samples, prob, group_by_chain=True)
+    diagnostics = rank_diagnostics(samples)
+    if not table:
+        return
+    for name, stats in table.items():
+        if diagnostics is not None and name in diagnostics:
+            stats["r_hat"], stats["n_eff"] = diagnostics[name]
+    width = max(max(len(k) + 2 + 3 * max(len(v.shape) - 2, 0) for k, v in samples.items()),
+                10)
+    name_format = "{:>" + str(width) + "}"
+    columns = [""] + list(next(iter(table.values())).keys())
+    print()
+    print((name_format + " {:>9}" * (len(columns) - 1)).format(*columns))
+    row_format = name_format + " {:>9.2f}" * (len(columns) - 1)
+    for name, stats in table.items():
+        shape = np.shape(stats["mean"])
+        for idx in product(*map(range, shape)):
+            label = name + ("[{}]".format(",".join(map(str, idx))) if shape else "")
+            print(row_format.format(label, *[np.asarray(v)[idx] for v in stats.values()]))
+    print()
 
 
 def warn_if_not_mixed(report: MixingReport | None, stacklevel: int = 2) -> None:
