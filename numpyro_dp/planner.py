@@ -2,10 +2,26 @@
 
 The planner reads only public facts -- the number of rows ``n``, the number
 of unconstrained parameters ``d``, the model's structure, the budget and the
-run's shape -- and charges nothing.  It calibrates the noise as
-:class:`~numpyro_dp.PrivateMCMC` would (tuning shares included) and turns it
-into one figure a user can judge: how far a chain can travel under that
-noise, in posterior standard deviations.
+run's shape -- and charges nothing.  It compares the two routes a
+:class:`~numpyro_dp.PrivateMCMC` run can take, each with its noise calibrated as
+the run would calibrate it (tuning shares included), and recommends one
+(:attr:`Plan.kernel`, built and ready):
+
+* the per-iteration kernels (``DPPenalty``), recommended only where their chains can
+  mix: a chain travels at least :data:`FEASIBLE_TRAVEL` posterior sds (below);
+  they then target the posterior itself, and their error is Monte Carlo error;
+* ``NoiseAwareNUTS``, one release of the score and curvature and NUTS on a model of
+  it (SPEC s12), elsewhere: its expected error per direction in posterior sds
+  (:func:`noise_aware_error_sds`) makes the verdict, ``"feasible"`` up to
+  :data:`FEASIBLE_ERROR`, ``"marginal"`` up to :data:`MARGINAL_ERROR`; and a budget
+  whose release would be lost in its noise, which the run refuses before anything
+  is spent, is ``"infeasible"``.
+
+Both figures fall as epsilon grows, so the verdict, the better of the two, never
+gets worse with more budget.
+
+The per-iteration figure is how far a chain can travel under its noise, in
+posterior standard deviations.
 
 The figure rests on a stated assumption.  A one-coordinate step of length
 ``h`` releases a log-likelihood ratio clipped to ``b h`` per row with noise
@@ -24,22 +40,12 @@ DPPenalty's means were within 0.3 NUTS sds and its sds within 0.72-1.07 of
 NUTS's; at 31 (epsilon = 39) DPHMC's were 3 sds off, and DPHMC needed about
 ten times the epsilon of DPPenalty throughout.  The verdict is therefore
 
-* ``"feasible"`` when the travel is at least :data:`FEASIBLE_TRAVEL` unit sds,
-* ``"marginal"`` from :data:`MARGINAL_TRAVEL`,
-* ``"infeasible"`` below: the planner then says what would do (the epsilon
-  that would make it feasible, fewer parameters or chains, released
-  statistics for a linear model).
-
-Chains that cannot travel are still useful when they start close to the
-posterior: the private warm start (:mod:`numpyro_dp.tuning`) places them
-around a noise-aware Laplace approximation, and its centre's noise per
-direction, in the same units (:func:`start_error_sds`), makes a run feasible
-up to :data:`FEASIBLE_START_ERROR` and marginal up to
-:data:`MARGINAL_START_ERROR` whatever the travel -- for observations with
-bounded support only (Bernoulli, Binomial): counts and continuous responses
-have rows far out that bias the warm start's clipped gradients.  On ``fair`` at epsilon = 10
-(start noise 0.27, travel 6) DPPenalty's means came within 0.5-0.9 NUTS sds;
-at epsilon = 3 (0.79) 1.7-2.4.
+the per-iteration route is recommended when the travel is at least
+:data:`FEASIBLE_TRAVEL` unit sds.  (Chains that travel less stay near the private
+warm start's noise-aware Laplace approximation, whose centre's noise per direction
+:func:`start_error_sds` reports: on ``fair`` at epsilon = 10, start noise 0.27 and
+travel 6, DPPenalty's means came within 0.5-0.9 NUTS sds, and R-hat said that the
+chains had not mixed; ``NoiseAwareNUTS`` came within 0.06-0.19 there.)
 """
 
 from __future__ import annotations
@@ -48,33 +54,44 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-import dp_accounting as dpa
 import numpyro.distributions as dist
 
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
-    calibrate_noise_multiplier,
+    calibrate_gaussian,
     check_budget,
     check_delta_for_rows,
     gaussian_mu,
     sensitivity_factor,
 )
+from numpyro_dp.kernels.penalty import DPPenalty
 from numpyro_dp.model.adapter import ObservedSite, PrivateModel, tabular_to_numpy
+from numpyro_dp.releases.noise_aware import NoiseAwareNUTS
+from numpyro_dp.releases.score import (
+    MAX_CURVATURE_NOISE,
+    RELEASE_CURVATURE_SHARES,
+    STAGE_SHARES,
+    curvature_noise,
+    release_noise,
+)
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
-    WARM_START_MIN_SNR,
+    TYPICAL_CLIPS,
     WARM_START_SHARE,
     plan_tuning,
 )
 
-#: Travel (unit-information posterior sds) from which a run is called feasible.
+#: Travel (unit-information posterior sds) from which the per-iteration route is
+#: recommended (its chains can mix).
 FEASIBLE_TRAVEL = 60.0
-#: Travel from which it is called marginal (below: infeasible).
+#: Travel below which the warm start takes most of a per-iteration run's budget
+#: (:data:`STUCK_WARM_START_SHARE`).
 MARGINAL_TRAVEL = 20.0
-#: The warm start's noise (:func:`start_error_sds`) up to which a run is called
-#: feasible whatever the chains' travel, and marginal.
-FEASIBLE_START_ERROR = 0.3
-MARGINAL_START_ERROR = 0.6
+#: ``NoiseAwareNUTS``'s expected error per direction (:func:`noise_aware_error_sds`,
+#: posterior sds) up to which a plan is feasible, and marginal: its intervals are
+#: then about ``sqrt(1 + e^2)``, 1.12 and 1.8 times as wide as the rows alone allow.
+FEASIBLE_ERROR = 0.5
+MARGINAL_ERROR = 1.5
 #: Largest epsilon the planner searches when it says what would be feasible.
 MAX_ADVISED_EPSILON = 1e4
 #: The warm start's final clip over the root-mean-square norm of the rows'
@@ -117,11 +134,27 @@ class Plan:
     travel_sds : float
         How far one chain can travel at random, in the same units.
     verdict : {"feasible", "marginal", "infeasible"}
+        Of the recommended route (module docstring).
     epsilon_feasible : float or None
         The smallest epsilon (to 2 significant digits) at which the same run
         would be feasible (None above :data:`MAX_ADVISED_EPSILON`).
     advice : tuple of str
         What to change.
+    route : {"DPPenalty", "NoiseAwareNUTS"}
+        The recommended route.
+    kernel : DPKernel
+        Its kernel, built for the model and ready for :class:`~numpyro_dp.PrivateMCMC`.
+    release_noise_multiplier : float
+        ``NoiseAwareNUTS``'s release phase's noise multiplier at this budget.
+    expected_error_sds : float
+        ``NoiseAwareNUTS``'s expected error per direction in posterior sds
+        (:func:`noise_aware_error_sds`); 0 where the per-iteration route is
+        recommended (its chains target the posterior).
+    sd_ratio : float
+        The recommended route's expected posterior sd over the rows' alone:
+        ``sqrt(1 + expected_error_sds^2)``.
+    release_refused : bool
+        Whether ``NoiseAwareNUTS`` would refuse this budget before spending it.
     """
 
     num_rows: int
@@ -141,6 +174,12 @@ class Plan:
     verdict: str
     epsilon_feasible: float | None
     advice: tuple[str, ...]
+    route: str
+    kernel: object
+    release_noise_multiplier: float
+    expected_error_sds: float
+    sd_ratio: float
+    release_refused: bool
 
     @property
     def feasible(self) -> bool:
@@ -148,19 +187,25 @@ class Plan:
 
     def __str__(self) -> str:
         iterations = self.num_warmup + self.num_samples
+        if self.release_refused:
+            release = ("its release would be lost in its noise (refused before anything "
+                       "is spent)")
+        else:
+            release = (f"expected error about {self.expected_error_sds:.2g} posterior sds "
+                       "per direction, posterior sds about "
+                       f"{math.sqrt(1 + self.expected_error_sds**2):.2g} times the rows' alone")
         lines = [
-            f"Private MCMC plan: n = {self.num_rows} rows, d = {self.num_params} parameters, "
-            f"({self.epsilon:g}, {self.delta:g})-DP",
-            f"  run: {self.num_chains} chains x {iterations} iterations "
-            f"({self.num_warmup} warm-up)",
-            f"  budget: {self.warm_start:.0%} warm start, {self.clip_selection:.0%} clip "
-            f"selection, the rest sampling (noise multiplier {self.noise_multiplier:.3g} per "
-            "iteration)",
-            f"  warm start: its centre's noise is about {self.start_error_sds:.2g} posterior "
-            "sds per direction (unit information)" if self.warm_start else "  no warm start",
-            f"  one step under that noise: {self.step_sds:.3g} posterior sds "
-            "(unit information); a chain travels about "
-            f"{self.travel_sds:.3g}",
+            f"Private plan: n = {self.num_rows} rows, d = {self.num_params} parameters, "
+            f"({self.epsilon:g}, {self.delta:g})-DP, {self.num_chains} chains x "
+            f"{iterations} iterations ({self.num_warmup} warm-up)",
+            f"  route: {self.route}",
+            "  NoiseAwareNUTS (one release of the score and curvature, then NUTS for free): "
+            f"noise multiplier {self.release_noise_multiplier:.3g}; {release}",
+            f"  per-iteration kernels (DPPenalty): {self.warm_start:.0%} warm start, "
+            f"{self.clip_selection:.0%} clip selection, noise multiplier "
+            f"{self.noise_multiplier:.3g} per iteration; one step {self.step_sds:.3g} "
+            f"posterior sds (unit information), a chain travels about {self.travel_sds:.3g} "
+            f"({FEASIBLE_TRAVEL:g} to mix)",
             f"  verdict: {self.verdict.upper()}",
         ]
         lines += [f"  - {a}" for a in self.advice]
@@ -191,7 +236,7 @@ def travel_sds(num_rows: int, num_params: int, z: float, iterations: int, factor
 
 def _sampler_noise(epsilon, delta, tuning_event, iterations, num_chains) -> float:
     """The sampler's per-iteration ``z`` after the tuning: Gaussian events compose in ``mu^2``."""
-    mu2 = calibrate_noise_multiplier(dpa.GaussianDpEvent, epsilon, delta) ** -2
+    mu2 = calibrate_gaussian(epsilon, delta) ** -2
     tuning_mu2 = 0.0 if tuning_event is None else gaussian_mu(tuning_event) ** 2
     return math.sqrt(iterations * num_chains / (mu2 - tuning_mu2)) * (1 + 1e-9)
 
@@ -232,11 +277,29 @@ def auto_warm_start_share(
     return min(STUCK_WARM_START_SHARE, 0.9 - clip_selection)
 
 
-def _verdict(travel: float, start_error: float) -> str:
-    """Feasible when the chains travel far enough to mix, or start close enough."""
-    if travel >= FEASIBLE_TRAVEL or start_error <= FEASIBLE_START_ERROR:
+def noise_aware_error_sds(noise_multiplier: float, num_released: int, num_rows: int,
+                          factor: float) -> float:
+    """``NoiseAwareNUTS``'s expected error per direction, in posterior sds, from public
+    facts: the noise of its score release in whitened coordinates (where the posterior's
+    sds are 1) at the least clip it takes, :data:`~numpyro_dp.tuning.TYPICAL_CLIPS` rows'
+    typical whitened score ``sqrt(k / n)``, with the release phase's noise multiplier
+    ``z`` split as the run splits it (:func:`~numpyro_dp.releases.score.release_noise`).
+    A lower bound: heavier tails raise the clip, and an anchor far from the mode adds
+    its own error (on statsmodels' ``fair``, d = 9, delta = 1e-6, it gives 1.8, 0.49 and
+    0.17 at epsilon 1, 3 and 10; the benchmark's runs erred by 1.6-3.8, 0.33-0.85 and
+    0.06-0.19 NUTS sds)."""
+    _, z_score, _ = release_noise(noise_multiplier, len(STAGE_SHARES) - 1, num_released,
+                                  num_rows, factor)
+    return factor * z_score * TYPICAL_CLIPS * math.sqrt(num_released / num_rows)
+
+
+def _verdict(per_iteration_mixes: bool, error: float, refused: bool, bounded: bool) -> str:
+    """The better route's verdict (module docstring); ``NoiseAwareNUTS`` is at best
+    marginal where the observations are unbounded (``bounded`` False): its figure is a
+    lower bound that heavy tails exceed."""
+    if per_iteration_mixes or (bounded and not refused and error <= FEASIBLE_ERROR):
         return "feasible"
-    if travel >= MARGINAL_TRAVEL or start_error <= MARGINAL_START_ERROR:
+    if not refused and error <= MARGINAL_ERROR:
         return "marginal"
     return "infeasible"
 
@@ -244,9 +307,11 @@ def _verdict(travel: float, start_error: float) -> str:
 def _bounded_observations(observed: tuple[ObservedSite, ...]) -> bool:
     """Whether every observed site has bounded support (Bernoulli, Binomial, ...).
 
-    The warm start's noise figure (:func:`start_error_sds`) assumes rows whose
-    gradients have light tails; counts and continuous responses can have rows
-    far out that its clips must either cut (a biased start) or pay for.
+    Elsewhere (counts, continuous responses) rows can lie far out, and
+    :func:`noise_aware_error_sds`, which assumes rows of about the typical size, is a
+    lower bound: on statsmodels' ``randhie`` visit counts it said 0.10-0.29 posterior sds
+    at epsilon 3-10 where the runs erred by 1.0-4.2 NUTS sds, on ggplot2's ``diamonds``
+    (log price) 0.05-0.14 where they erred by 0.25-1.3.
     """
     unbounded_counts = (type(dist.constraints.nonnegative_integer),
                         type(dist.constraints.positive_integer))
@@ -333,89 +398,114 @@ def plan(
         step, travel = travel_sds(n, d, z, iterations, factor)
         return tuning, z, step, travel, start_error_sds(n, d, tuning, factor)
 
-    # The start's figure counts towards the verdict only for bounded observations.
+    k = int(pm.likelihood_coordinates.sum())
+    noise_scale = pm.likelihood_reads_scale
     bounded = _bounded_observations(pm.observed)
 
-    def _verdict_here(travel, start_error):
-        return _verdict(travel, start_error if bounded else math.inf)
+    def per_iteration_mixes(eps):
+        try:
+            return figures(eps)[3] >= FEASIBLE_TRAVEL
+        except PrivacyBudgetError:
+            return False
 
-    def feasible(eps):
-        return _verdict_here(*figures(eps)[3:]) == "feasible"
+    def release(eps):
+        """``(z, expected error, refused)`` of NoiseAwareNUTS at ``eps``."""
+        tuning = plan_tuning(eps, delta, warm_start=NoiseAwareNUTS.warm_start_share,
+                             clip_selection=clip_selection, requests=(), warm_start_clip=None,
+                             warm_start_steps=warm_start_steps, num_rows=n, num_params=d,
+                             neighbourhood=neighbourhood, noise_scale=noise_scale)
+        try:
+            z = _sampler_noise(eps, delta, None if tuning is None else tuning.event(), 1, 1)
+        except (PrivacyBudgetError, ValueError):
+            return math.inf, math.inf, True
+        refused = curvature_noise(z, k, n, factor, RELEASE_CURVATURE_SHARES[1]) > (
+            MAX_CURVATURE_NOISE)
+        return z, noise_aware_error_sds(z, k, n, factor), refused
+
+    def verdict_at(eps):
+        return _verdict(per_iteration_mixes(eps), *release(eps)[1:], bounded)
 
     warm_share = share(epsilon)
     try:
         tuning, z, step, travel, start_error = figures(epsilon)
     except PrivacyBudgetError:
         tuning, z, step, travel, start_error = None, math.inf, 0.0, 0.0, math.inf
-    verdict = _verdict_here(travel, start_error)
+    mixes = travel >= FEASIBLE_TRAVEL
+    z_release, error, refused = release(epsilon)
+    verdict = _verdict(mixes, error, refused, bounded)
     eps_ok = None
     if verdict != "feasible":
         lo, hi = epsilon, epsilon
-        while not feasible(hi) and hi < MAX_ADVISED_EPSILON:
+        while verdict_at(hi) != "feasible" and hi < MAX_ADVISED_EPSILON:
             lo, hi = hi, hi * 2
-        if feasible(hi):
+        if verdict_at(hi) == "feasible":
             while hi / lo > 1.02:
                 mid = math.sqrt(lo * hi)
-                lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
+                lo, hi = (lo, mid) if verdict_at(mid) == "feasible" else (mid, hi)
             scale = 10.0 ** (math.floor(math.log10(hi)) - 1)
             eps_ok = math.ceil(hi / scale) * scale  # two digits, rounded up: still feasible
-    advice = []
+    route = "DPPenalty" if mixes else "NoiseAwareNUTS"
+    kernel = (DPPenalty(model, neighbourhood=neighbourhood, data_plate=data_plate) if mixes
+              else NoiseAwareNUTS(model, neighbourhood=neighbourhood, data_plate=data_plate))
+    run = (f"PrivateMCMC(plan.kernel, num_warmup={num_warmup}, num_samples={num_samples}, "
+           f'num_chains={num_chains}, chain_method="vectorized", epsilon={epsilon:g}, '
+           f"delta={delta:g})")
     warm_start_made = tuning is not None and tuning.warm_start_steps > 0
-    if warm_share > 0 and not warm_start_made:
+    advice = []
+    if verdict != "feasible" and refused:
         advice.append(
-            "No warm start: at this n and budget its noisy gradients would swamp the "
-            f"signal (n / (Delta_factor z) below {WARM_START_MIN_SNR:g}); the chains start "
-            "from the prior and its share goes to sampling."
+            "At this budget NoiseAwareNUTS's release would be lost in its noise (it "
+            "refuses such a budget before anything is spent), and the per-iteration "
+            "kernels' chains would hardly move. Nothing has been spent."
         )
-    if verdict == "feasible":
-        if travel < MARGINAL_TRAVEL:
-            advice.append(
-                "The chains will move little: the draws will be close to the warm start's "
-                "noise-aware Laplace approximation, and R-hat will say that they did not mix."
-            )
+    elif verdict != "feasible" and error > FEASIBLE_ERROR:
         advice.append(
-            "Run it: DPPenalty(model) with the default clips and steps, "
-            f"PrivateMCMC(kernel, num_warmup={num_warmup}, num_samples={num_samples}, "
-            f"num_chains={num_chains}, epsilon={epsilon:g}, delta={delta:g}); check "
-            "mcmc.mixing after the run. DPHMC's gradients carry more noise: it needed "
-            "about ten times the epsilon on the benchmark data."
+            "At this budget the posterior will be markedly wider than the rows alone "
+            f"allow (about {math.sqrt(1 + error**2):.2g} times). Nothing has been spent."
         )
-    else:
-        what = "will hardly move" if verdict == "infeasible" else "may not mix"
+    if mixes:
         advice.append(
-            f"At this budget the chains {what}: their draws would say more about where they "
-            "started than about the posterior. Nothing has been spent."
+            f"Run it: {run}, plan.kernel being DPPenalty(model) with the default clips and "
+            "steps: its chains can travel far enough to mix, and then target the posterior "
+            "itself. Check mcmc.mixing after the run. DPHMC's gradients carry more noise: "
+            "it needed about ten times the epsilon on the benchmark data."
         )
-        if warm_start_made and verdict == "infeasible":
-            advice.append(
-                f"The warm start takes {warm_share:.0%} of epsilon (PrivateMCMC's "
-                'warm_start="auto" when the chains cannot travel): the draws will be close '
-                "to its noise-aware Laplace approximation, whose centre carries noise of "
-                f"about {start_error:.2g} posterior sds per direction (unit information); "
-                "R-hat will say that the chains did not mix."
-            )
-        if not bounded and start_error <= MARGINAL_START_ERROR:
-            advice.append(
-                "The verdict rests on the chains' travel alone: the warm start's noise "
-                "figure assumes observations with bounded support (Bernoulli, Binomial), "
-                "and counts or continuous responses can have rows far out that bias its "
-                "clipped gradients (statsmodels' randhie visit counts: 77-115 NUTS sds)."
-            )
+    elif not refused:
+        advice.append(
+            f"Run it: {run}, plan.kernel being NoiseAwareNUTS(model): the per-iteration "
+            f"kernels' chains would travel only about {travel:.2g} posterior sds (unit "
+            f"information; {FEASIBLE_TRAVEL:g} to mix), while one release carries noise of "
+            f"about {error:.2g} posterior sds per direction, which its posterior includes "
+            "(a lower bound: heavy tails and a far anchor add to it). A CalibrationWarning "
+            "after the run says when the release lies outside the regime its model was "
+            "shown calibrated in."
+        )
+    if not mixes and not refused and not bounded:
+        advice.append(
+            "The observations are unbounded (counts or a continuous response): rows far "
+            "out raise the release's clip, and its error can be several times the figure "
+            "above (statsmodels' randhie visit counts: 1.0-4.2 NUTS sds where it says "
+            "0.1-0.3), so the verdict is at best marginal: read mcmc.release and the "
+            "CalibrationWarning after the run."
+        )
+    if verdict != "feasible":
         if eps_ok is not None:
             advice.append(f"epsilon >= {eps_ok:g} would make this run feasible.")
         advice.append(
-            f"Fewer parameters help (travel grows like 1/sqrt(d), d = {d}), as do fewer "
-            "chains (each gets more of the budget; keep at least 2 for R-hat)."
+            f"Fewer parameters help (the release's noise grows like d^1.5 / n, d = {d}), "
+            "as does a neighbourhood of add/remove (half the sensitivity) where it fits "
+            "the guarantee you need."
         )
         if _linear_gaussian(pm.observed):
             advice.append(
                 "For a linear regression, ndp.linreg releases the sufficient statistics "
-                "once and NUTS runs on the release at no further cost: far less noise than "
-                "thousands of MCMC releases."
+                "(X^T X, X^T y, y^T y) once and NUTS runs on the release at no further cost."
             )
     return Plan(
         n, d, float(epsilon), float(delta), num_chains, num_warmup, num_samples,
         float(warm_share) if warm_start_made else 0.0, float(clip_selection), z,
         None if not warm_start_made else tuning.warm_start_noise[-1][0],
-        start_error, step, travel, verdict, eps_ok, tuple(advice),
+        start_error, step, travel, verdict, eps_ok, tuple(advice), route, kernel,
+        z_release, 0.0 if mixes else error,
+        1.0 if mixes else math.sqrt(1 + error**2), refused,
     )

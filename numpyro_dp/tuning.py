@@ -54,7 +54,7 @@ import numpy as np
 from jax import lax, random
 from numpyro.infer import init_to_median
 
-from numpyro_dp.accounting import calibrate_noise_multiplier, sensitivity_factor
+from numpyro_dp.accounting import calibrate_gaussian, sensitivity_factor
 from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives.compiled import jit_once
@@ -326,7 +326,7 @@ def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_star
         )
     shares = (clip_selection if plan.num_histograms else 0.0) + (warm_start if steps else 0.0)
     # One Gaussian mechanism spending the tuning's share: mu^2 is additive.
-    z_all = calibrate_noise_multiplier(dpa.GaussianDpEvent, shares * epsilon, delta)
+    z_all = calibrate_gaussian(shares * epsilon, delta)
     mu2 = 1.0 / z_all**2
     # Round up (1 + 1e-9): the parts may not exceed the whole.
     z_hist = None

@@ -132,7 +132,10 @@ def _plan(model, args):
     # A feasible budget: an infeasible one makes the planner search epsilon (seconds).
     plan = ndp.plan(model, *args, epsilon=1e3, delta=1e-5, num_warmup=50, num_samples=50,
                     num_chains=2)
-    return str(plan), dataclasses.astuple(plan)
+    # the kernel is built from the model alone: its kind is what the plan says of it
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+    fields["kernel"] = type(plan.kernel).__name__
+    return str(plan), fields
 
 
 class _Stopped(Exception):

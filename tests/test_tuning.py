@@ -383,27 +383,73 @@ def test_planner_noise_matches_the_runner(data):
                            delta=DELTA, progress_bar=False, check_mixing=False)
     mcmc.run(jax.random.PRNGKey(0), X, y)
     np.testing.assert_allclose(plan.noise_multiplier, mcmc.sampler.noise_multiplier, rtol=1e-4)
+    # and the recommended route's release, run from plan.kernel as the plan says
+    assert plan.route == "NoiseAwareNUTS"
+    mcmc = ndp.PrivateMCMC(plan.kernel, num_warmup=10, num_samples=10, num_chains=2,
+                           chain_method="vectorized", epsilon=3.0, delta=DELTA,
+                           progress_bar=False, check_mixing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ndp.CalibrationWarning)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    np.testing.assert_allclose(plan.release_noise_multiplier, mcmc.sampler.noise_multiplier,
+                               rtol=1e-4)
 
 
-def test_planner_counts_the_warm_start_for_bounded_observations_only():
-    """Chains that cannot travel may still start close enough (a Bernoulli model);
-    for counts the warm start's figure does not count (heavy rows bias it)."""
-    def glm(X, y=None, family=dist.Bernoulli):
-        w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
-        with numpyro.plate("data", X.shape[0]):
-            numpyro.sample("y", family(logits=X @ w) if family is dist.Bernoulli
-                           else family(rate=jax.numpy.exp(X @ w)), obs=y)
+def glm(X, y=None, family=dist.Bernoulli):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", family(logits=X @ w) if family is dist.Bernoulli
+                       else family(rate=jax.numpy.exp(X @ w)), obs=y)
 
+
+def test_planner_recommends_the_release_where_chains_cannot_mix():
+    """Issue 38, item 3: where the per-iteration chains cannot travel far enough to mix,
+    the plan is NoiseAwareNUTS, built and ready, its verdict from the release's expected
+    error; where they can, DPPenalty.  For counts (unbounded rows) the release's figure
+    is a lower bound, and the verdict at best marginal.  A verdict and its text never
+    contradict each other."""
     X, y = make_logistic_data(50_000, 3)
     kwargs = dict(epsilon=3.0, delta=1e-7, num_warmup=2000, num_samples=2000)
     bernoulli = ndp.plan(glm, X, y, **kwargs)
-    poisson = ndp.plan(glm, X, y, family=dist.Poisson, **kwargs)
-    assert bernoulli.travel_sds < ndp.planner.MARGINAL_TRAVEL
-    assert bernoulli.start_error_sds <= ndp.planner.FEASIBLE_START_ERROR
+    assert bernoulli.travel_sds < ndp.planner.FEASIBLE_TRAVEL
+    assert bernoulli.route == "NoiseAwareNUTS" and isinstance(bernoulli.kernel,
+                                                              ndp.NoiseAwareNUTS)
     assert bernoulli.verdict == "feasible"
-    assert poisson.start_error_sds == bernoulli.start_error_sds
-    assert poisson.verdict == "infeasible"
-    assert any("bounded support" in a for a in poisson.advice)
+    assert bernoulli.expected_error_sds <= ndp.planner.FEASIBLE_ERROR
+    assert bernoulli.sd_ratio == pytest.approx(np.sqrt(1 + bernoulli.expected_error_sds**2))
+    poisson = ndp.plan(glm, X, y, family=dist.Poisson, **kwargs)
+    assert poisson.route == "NoiseAwareNUTS" and poisson.verdict == "marginal"
+    assert any("unbounded" in a for a in poisson.advice)
+    mixing = ndp.plan(glm, X, y, **{**kwargs, "epsilon": 300.0})
+    assert mixing.travel_sds >= ndp.planner.FEASIBLE_TRAVEL
+    assert mixing.route == "DPPenalty" and isinstance(mixing.kernel, ndp.DPPenalty)
+    for plan in (bernoulli, poisson, mixing):
+        text = str(plan)
+        assert f"verdict: {plan.verdict.upper()}" in text
+        if plan.feasible:
+            assert "not mix" not in text and "Nothing has been spent" not in text
+
+
+@pytest.mark.parametrize("family", ["bernoulli", "poisson", "normal"])
+def test_planner_verdicts_are_monotone_in_epsilon(family):
+    """More budget never gives a worse verdict (issue 38, item 3: a logistic regression
+    went infeasible, marginal, feasible, marginal, feasible between epsilon 1 and 12)."""
+    X, y = make_logistic_data(16_000, 6, seed=3)
+
+    def linear(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, sigma), obs=y)
+
+    model, extra = {"bernoulli": (glm, {}), "poisson": (glm, {"family": dist.Poisson}),
+                    "normal": (linear, {})}[family]
+    rank = {"infeasible": 0, "marginal": 1, "feasible": 2}
+    verdicts = [ndp.plan(model, X, y, epsilon=float(eps), delta=1e-7, **extra).verdict
+                for eps in np.geomspace(0.2, 200, 16)]
+    assert all(rank[b] >= rank[a] for a, b in zip(verdicts[:-1], verdicts[1:], strict=True)), (
+        verdicts)
+    assert verdicts[0] != verdicts[-1]
 
 
 def test_planner_points_a_linear_model_to_released_statistics():

@@ -51,7 +51,11 @@ from numpyro_dp.accounting.budget import (
     check_neighbourhood,
     sensitivity_factor,
 )
-from numpyro_dp.accounting.calibration import calibrate_noise_multiplier, max_iterations
+from numpyro_dp.accounting.calibration import (
+    calibrate_gaussian,
+    calibrate_noise_multiplier,
+    max_iterations,
+)
 from numpyro_dp.accounting.events import (
     count_releases,
     gaussian_mu,
@@ -77,6 +81,7 @@ __all__ = [
     "ACCOUNTANTS", "NEIGHBOURHOODS", "AccountantChoice", "AccountantWarning",
     "LedgerEntry", "PrivacyBudgetError",
     "PrivacyLedger", "PrivacySpent", "calibrate_noise_multiplier", "check_budget",
+    "calibrate_gaussian",
     "check_delta_for_rows", "check_neighbourhood", "choose_accountant", "count_releases",
     "epsilon_spent", "epsilon_to_zcdp", "gaussian_epsilon", "gaussian_log_delta",
     "gaussian_mu", "gaussian_releases", "make_accountant", "max_iterations",

@@ -63,7 +63,7 @@ import numpyro.distributions as dist
 from jax import random
 
 from numpyro_dp.accounting import (
-    calibrate_noise_multiplier,
+    calibrate_gaussian,
     check_budget,
     check_delta_for_rows,
     check_neighbourhood,
@@ -471,7 +471,7 @@ def gaussian_sigma(
         return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
     if method != "analytic":
         raise ValueError(f"method={method!r}; use 'analytic' or 'classic'.")
-    z = calibrate_noise_multiplier(dpa.GaussianDpEvent, epsilon, delta)
+    z = calibrate_gaussian(epsilon, delta)
     return z * sensitivity
 
 
