@@ -410,7 +410,8 @@ def plan(
 
     def release(eps):
         """``(z, expected error, refused)`` of NoiseAwareNUTS at ``eps``."""
-        tuning = plan_tuning(eps, delta, warm_start=NoiseAwareNUTS.warm_start_share,
+        warm = NoiseAwareNUTS.warm_start_share if warm_start == "auto" else warm_start
+        tuning = plan_tuning(eps, delta, warm_start=warm,
                              clip_selection=clip_selection, requests=(), warm_start_clip=None,
                              warm_start_steps=warm_start_steps, num_rows=n, num_params=d,
                              neighbourhood=neighbourhood, noise_scale=noise_scale)

@@ -495,3 +495,28 @@ def test_a_hierarchical_model_releases_only_what_its_likelihood_reads():
         ratio = private.std(0) / exact.std(0)
         assert np.all(z < 3.0), (name, z)
         assert np.all((ratio > 0.8) & (ratio < 1.5)), (name, ratio)
+
+
+def test_an_improper_flat_prior_is_served():
+    """Issue 37, item 6: the models the gradient kernels accept, improper priors
+    included: NoiseAwareNUTS never draws from the prior (its anchor is constrained
+    without a draw, its positive latents read off the structure), and the posterior
+    lies near the truth (n = 5,000, epsilon 10)."""
+    def flat(X, y=None):
+        w = numpyro.sample("w", dist.ImproperUniform(dist.constraints.real, (), (2,)))
+        sigma = numpyro.sample("sigma", dist.HalfCauchy(2.5))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, sigma), obs=y)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(5000, 2)).astype(np.float32)
+    y = (X @ np.array([0.5, -0.3]) + 0.7 * rng.normal(size=5000)).astype(np.float32)
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(flat), num_warmup=200, num_samples=200,
+                           num_chains=2, chain_method="vectorized", epsilon=10.0, delta=1e-6,
+                           progress_bar=False, reproducible_noise=True)
+    with pytest.warns(ndp.CalibrationWarning, match="sigma: positive latent"):
+        mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    draws = mcmc.get_samples()
+    for value, truth in ((draws["w"], np.array([0.5, -0.3])), (draws["sigma"], 0.7)):
+        value = np.asarray(value)
+        assert np.all(np.abs(value.mean(0) - truth) < 4 * value.std(0))

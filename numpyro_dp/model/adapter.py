@@ -354,6 +354,11 @@ class PrivateModel:
             for name, s in trace.items()
             if s["type"] == "sample" and not s["is_observed"]
         )
+        #: The latent sites with positive support (noise scales, group sds; structure).
+        self.positive_latents = frozenset(
+            name for name in self.latent_sites
+            if trace[name]["fn"].support is constraints.positive
+        )
         #: The observed sites' distribution and support classes (public structure).
         self.observed = tuple(
             ObservedSite(type(s["fn"]), type(s["fn"].support), bool(s["fn"].support.is_discrete))
@@ -696,14 +701,10 @@ class PrivateModel:
     @functools.cached_property
     def likelihood_reads_scale(self) -> bool:
         """Whether the data plate's log-likelihood reads a latent with positive support
-        (a noise scale, a dispersion): public structure, traced on stand-in rows, with
+        (a noise scale, a dispersion): public structure, :attr:`positive_latents` among
         :attr:`likelihood_coordinates`.  Such a latent sets the scale of every row's
         score, which grows without bound as it shrinks."""
-        rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in self._row_specs]
-        args, kwargs = self.rebuild(rows)
-        with _quietly(), handlers.block(), handlers.seed(rng_seed=0):
-            trace = handlers.trace(self.model).get_trace(*args, **kwargs)
-        positive = {n: jnp.full(shape, float(trace[n]["fn"].support is constraints.positive))
+        positive = {n: jnp.full(shape, float(n in self.positive_latents))
                     for n, shape in self.param_shapes.items()}
         return bool(np.any((np.asarray(self.ravel(positive)) > 0) & self.likelihood_coordinates))
 

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro import handlers
-from numpyro.distributions import constraints
+from numpyro.distributions import biject_to, constraints
 
 from numpyro_dp.accounting import sensitivity_factor
 from numpyro_dp.kernels.base import release_clipped_sum
@@ -455,18 +455,23 @@ def positive_sites(model, model_args: tuple, model_kwargs: dict, names) -> list[
     """Which of the latent sites ``names`` have positive support (noise scales, group
     sds): public structure, traced on the public arguments given (stand-ins for the
     rows)."""
+    def stand_in(site):  # no draw: an improper prior has none
+        if (site["type"] == "sample" and not site["is_observed"]
+                and not site["fn"].is_discrete):
+            return biject_to(site["fn"].support)(jnp.zeros(site["fn"].shape()))
+        return None
+
     with handlers.block(), handlers.seed(rng_seed=0):
-        trace = handlers.trace(model).get_trace(*model_args, **model_kwargs)
+        trace = handlers.trace(handlers.substitute(model, substitute_fn=stand_in)).get_trace(
+            *model_args, **model_kwargs)
     return sorted(n for n in names if trace[n]["fn"].support is constraints.positive)
 
 
 def score_room(pm: PrivateModel) -> np.ndarray:
     """Per flattened coordinate, the factor the score is divided by before the clip:
     :data:`SCALE_SCORE_ROOM` along latents with positive support
-    (:func:`positive_sites`), 1 elsewhere."""
-    args, kwargs = stand_in_arguments(pm)
-    positive = positive_sites(pm.model, args, kwargs, pm.param_shapes)
-    room = {name: jnp.full(shape, SCALE_SCORE_ROOM if name in positive else 1.0)
+    (:attr:`PrivateModel.positive_latents`), 1 elsewhere."""
+    room = {name: jnp.full(shape, SCALE_SCORE_ROOM if name in pm.positive_latents else 1.0)
             for name, shape in pm.param_shapes.items()}
     return np.asarray(pm.ravel(room), float)
 
