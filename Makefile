@@ -1,7 +1,7 @@
 # Developer tasks for numpyro-dp (GNU make).
 #
 #   make venv    create .venv and install the package with its test extras
-#   make demo    run examples/quickstart.py
+#   make demo    run examples/demo.py (plan, the recommended route, NUTS beside it)
 #   make test    run the fast tier of the test suite: everything but the
 #                statistical tests marked slow (exits non-zero on failure);
 #                extra pytest arguments: make test PYTEST_ARGS='-k accounting';
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(VPY) examples/quickstart.py
+	$(VPY) examples/demo.py
 
 test: $(STAMP)
 	$(VPY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
