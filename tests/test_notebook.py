@@ -1,9 +1,13 @@
-"""The notebook docs/notebooks/first_private_posterior.ipynb runs end to end (issue 18)."""
+"""The notebook docs/notebooks/first_private_posterior.ipynb (issue 18) and `make demo` run end
+to end."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import nbclient
 import nbformat
+import pytest
 
 NOTEBOOK = Path(__file__).parent.parent / "docs" / "notebooks" / "first_private_posterior.ipynb"
 
@@ -17,3 +21,13 @@ def test_first_private_posterior_notebook_runs(tmp_path):
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "verdict: INFEASIBLE" in text and "verdict: FEASIBLE" in text
+
+
+@pytest.mark.slow  # make test-all: about 40 s
+def test_make_demo_runs_the_route_its_plan_recommends():
+    """`make demo` (examples/demo.py): the plan, its route, NUTS beside it (issue 38)."""
+    script = Path(__file__).parent.parent / "examples" / "demo.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600, check=True).stdout
+    assert "route: NoiseAwareNUTS" in out and "verdict: FEASIBLE" in out
+    assert "NUTS's mean inside the private 90% interval" in out
