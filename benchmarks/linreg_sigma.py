@@ -30,10 +30,7 @@ import warnings
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 from utility_real_data import diamonds
 
@@ -60,14 +57,8 @@ def diamonds_linear():
 
 
 def exact(X, y, prior):
-    def model(S, z, u, n):
-        theta = numpyro.sample("theta", dist.MultivariateNormal(prior.mean, prior.cov))
-        s2 = numpyro.sample("sigma_y2", prior.noise_variance)
-        numpyro.factor("y", -n / 2 * jnp.log(s2) - (u - 2 * theta @ z + theta @ S @ theta)
-                       / (2 * s2))
-
-    mcmc = MCMC(NUTS(model), num_warmup=500, num_samples=4000, progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(0), X.T @ X, X.T @ y, float(y @ y), float(len(y)))
+    mcmc = MCMC(NUTS(lr.exact_model), num_warmup=500, num_samples=4000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X.T @ X, X.T @ y, float(y @ y), float(len(y)), prior)
     return mcmc.get_samples()
 
 

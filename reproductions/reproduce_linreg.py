@@ -44,8 +44,6 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
 from jax import lax, random  # noqa: E402
 from numpyro.distributions.transforms import biject_to  # noqa: E402
 from numpyro.infer.hmc import hmc  # noqa: E402
@@ -165,16 +163,9 @@ class Samplers:
 
 
 # -------------------------------------------------------- non-private truth
-def _exact_model(S, z, yy, n, prior):
-    theta = numpyro.sample("theta", dist.MultivariateNormal(prior.mean, prior.cov))
-    s2 = numpyro.sample("sigma_y2", prior.noise_variance)
-    rss = yy - 2 * theta @ z + theta @ S @ theta
-    numpyro.factor("lik", -n / 2 * jnp.log(s2) - rss / (2 * s2))
-
-
 def exact_job(X, y, prior, samplers):
     args = (X.T @ X, X.T @ y, float(y @ y), float(len(y)), prior)
-    nuts = samplers.get(("exact", X.shape[1]), _exact_model, args, 500, samplers.args.samples,
+    nuts = samplers.get(("exact", X.shape[1]), lr.exact_model, args, 500, samplers.args.samples,
                         dense_mass=False)
     return nuts, args, None
 

@@ -10,6 +10,7 @@ from _support.attacks import attack_success, on_coarse_grid
 from _support.data import cps_earnings
 from _support.data import make_linreg_data as make_data
 from jax import random
+from scipy import stats
 
 from numpyro_dp.accounting import epsilon_spent
 from numpyro_dp.releases import linreg as lr
@@ -235,19 +236,10 @@ def test_delta_must_be_below_one_over_n(name):
 # ------------------------------------------------------------- real data
 def exact_posterior(X, y, prior, seed=0):
     """NUTS on the exact sufficient statistics (the rows' own likelihood) with ``prior``."""
-    import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as dist
     from numpyro.infer import MCMC, NUTS
 
-    def model(S, z, u, n):
-        theta = numpyro.sample("theta", dist.MultivariateNormal(prior.mean, prior.cov))
-        s2 = numpyro.sample("sigma_y2", prior.noise_variance)
-        numpyro.factor("y", -n / 2 * jnp.log(s2) - (u - 2 * theta @ z + theta @ S @ theta)
-                       / (2 * s2))
-
-    mcmc = MCMC(NUTS(model), num_warmup=500, num_samples=4000, progress_bar=False)
-    mcmc.run(random.PRNGKey(seed), X.T @ X, X.T @ y, float(y @ y), float(len(y)))
+    mcmc = MCMC(NUTS(lr.exact_model), num_warmup=500, num_samples=4000, progress_bar=False)
+    mcmc.run(random.PRNGKey(seed), X.T @ X, X.T @ y, float(y @ y), float(len(y)), prior)
     return mcmc.get_samples()
 
 
@@ -291,3 +283,21 @@ def test_prior_dominated_names_what_the_release_leaves_to_the_prior():
     assert lr.prior_dominated(prior, samples) == ["theta[1]"]
     samples["sigma_y2"] = np.asarray(prior.noise_variance.sample(random.PRNGKey(3), (4000,)))
     assert lr.prior_dominated(prior, samples) == ["theta[1]", "sigma_y2"]
+
+
+def test_exact_model_is_the_rows_likelihood():
+    """The yardstick's model: its log density through the exact statistics equals the
+    prior's plus the rows' Gaussian log-likelihood, up to the constant -n/2 log(2 pi)."""
+    from numpyro.infer.util import log_density
+
+    X, y = make_data(200, 3)
+    prior = lr.LinRegPrior.default(3, 1.2, 2.5)
+    theta, sigma_y2 = np.array([0.3, -0.2, 0.5]), 0.4
+    params = {"theta": theta, "sigma_y2": sigma_y2}
+    got, _ = log_density(lr.exact_model, (X.T @ X, X.T @ y, float(y @ y), float(len(y)), prior),
+                         {}, params)
+    rows = stats.norm(X @ theta, np.sqrt(sigma_y2)).logpdf(y).sum()
+    prior_lp = (stats.multivariate_normal(prior.mean, prior.cov).logpdf(theta)
+                + float(prior.noise_variance.log_prob(sigma_y2)))
+    assert float(got) == pytest.approx(rows + prior_lp + len(y) / 2 * math.log(2 * math.pi),
+                                       rel=1e-5)

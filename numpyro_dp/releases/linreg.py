@@ -504,6 +504,15 @@ def normal_x_model(S_hat, z_hat, n_rows, sigma, prior: LinRegPrior, sigma_y2=Non
     observe_statistics(S, z_hat, sigma, theta, sigma_y2, yty, n_rows)
 
 
+def exact_model(S, z, yty, n, prior: LinRegPrior):
+    """The non-private posterior's model, the yardstick of the noise-aware ones: the rows'
+    Gaussian likelihood through their exact sufficient statistics ``S = X^T X``, ``z =
+    X^T y``, ``yty = y^T y`` and ``n`` rows (one holder; nothing released)."""
+    theta, sigma_y2 = _theta_sigma(prior, None)
+    rss = yty - 2 * theta @ z + theta @ S @ theta
+    numpyro.factor("rows", -n / 2 * jnp.log(sigma_y2) - rss / (2 * sigma_y2))
+
+
 #: A parameter whose posterior sd is at least this share of its prior's is reported
 #: as informed by the prior alone (:class:`PriorDominatedWarning`).
 PRIOR_DOMINATED_SHARE = 0.9
