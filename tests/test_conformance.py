@@ -32,7 +32,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from _support.data import logistic_model, make_logistic_data
+from _support.data import linear_model, logistic_model, make_logistic_data
 from _support.running import negligible_noise_warnings, run, run_on_devices
 from _support.stats import assert_moments_match, moment_errors
 
@@ -212,13 +212,6 @@ def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch
     assert spent.epsilon <= 100.0
 
 
-def linear_model(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(X @ w, sigma), obs=y)
-
-
 @pytest.mark.parametrize("model,epsilon,warm_start", [
     (logistic_model, 100.0, 10 + 5 + 1),  # 5 + 5 steps, a Hessian at the first stage's
     # a noise scale: 5 + 5 steps with a Hessian at each (at 16 steps the first stage's
@@ -328,7 +321,7 @@ PARALLEL_DEFAULTS = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax
     import numpyro_dp as ndp
-    from _support.data import logistic_model, make_logistic_data
+    from _support.data import linear_model, logistic_model, make_logistic_data
     X, y = make_logistic_data(600, 2, seed=3)
     for make in (lambda: ndp.DPPenalty(logistic_model), lambda: ndp.DPHMC(logistic_model)):
         mcmc = ndp.PrivateMCMC(make(), num_warmup=20, num_samples=20, num_chains=2,

@@ -310,17 +310,11 @@ class NoiseAwareNUTS(DPKernel):
         dense = self.dense_mass
         if dense is None:
             dense = release.num_params <= DENSE_MASS_MAX_DIM
-        start = self._private_model.unravel(jnp.asarray(release.anchor))
-
-        def constrain(site):  # the anchor's values, no draw (an improper prior has none)
-            if site["type"] == "sample" and site["name"] in start:
-                return biject_to(site["fn"].support)(start[site["name"]])
-            return None
-
-        with handlers.block(), handlers.seed(rng_seed=0):
-            trace = handlers.trace(handlers.substitute(self._model, substitute_fn=constrain)
-                                   ).get_trace(*release.model_args, **release.model_kwargs)
-        constrained = {n: trace[n]["value"] for n in start}
+        pm = self._private_model
+        start = pm.unravel(jnp.asarray(release.anchor))
+        # the anchor's values, without a draw (an improper prior has none)
+        values = pm.constrain(start, release.model_args, release.model_kwargs)
+        constrained = {n: values[n] for n in start}
         return NUTS(surrogate_model(self._model, release), dense_mass=dense,
                     target_accept_prob=self.target_accept_prob,
                     max_tree_depth=self.max_tree_depth, step_size=self.step_size,

@@ -13,6 +13,14 @@ def logistic_model(X, y=None):
         numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
 
 
+def linear_model(X, y=None):
+    """A linear regression with a noise scale (no separate intercept)."""
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0).expand([X.shape[1]]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ b, sigma), obs=y)
+
+
 def make_logistic_data(n, d, seed=0, w_true=None):
     """Covariates with ||x_i|| <= 1, so |l_i(w') - l_i(w)| <= ||w' - w||: with
     llr_clip >= 1 no log-likelihood ratio is ever clipped."""
