@@ -246,6 +246,7 @@ def test_constants_passed_as_hidden_arguments_are_part_of_the_key():
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]
 
 
+@pytest.mark.slow  # make test-all: NumPyro's Python loop, op by op (32 s)
 def test_a_run_under_disable_jit_runs_numpyros_loop(data):
     x, y = data
     mcmc = runner(num_warmup=3, num_samples=4)

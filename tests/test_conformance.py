@@ -216,7 +216,7 @@ def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch
     (logistic_model, 100.0, 10 + 5 + 1),  # 5 + 5 steps, a Hessian at the first stage's
     # a noise scale: 5 + 5 steps with a Hessian at each (at 16 steps the first stage's
     # curvature would be too noisy to follow)
-    (linear_model, 300.0, 10 + 10),
+    pytest.param(linear_model, 300.0, 10 + 10, marks=pytest.mark.slow),  # 27 s
 ])
 def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkeypatch, model,
                                                           epsilon, warm_start):

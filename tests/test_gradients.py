@@ -301,6 +301,7 @@ def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, b
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10 * (1 + np.abs(ref).max()))
 
 
+@pytest.mark.slow  # make test-all: float64 sums in every block size (23 s)
 def test_tuning_sums_and_row_values_in_blocks_equal_one_block(x64, monkeypatch):
     pm, args, kwargs, theta = _setup("linreg")
     whole = (gradients.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),

@@ -497,6 +497,7 @@ def test_a_hierarchical_model_releases_only_what_its_likelihood_reads():
         assert np.all((ratio > 0.8) & (ratio < 1.5)), (name, ratio)
 
 
+@pytest.mark.slow  # make test-all: n = 5,000 against the truth (30 s)
 def test_an_improper_flat_prior_is_served():
     """Issue 37, item 6: the models the gradient kernels accept, improper priors
     included: NoiseAwareNUTS never draws from the prior (its anchor is constrained

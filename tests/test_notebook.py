@@ -12,6 +12,7 @@ import pytest
 NOTEBOOK = Path(__file__).parent.parent / "docs" / "notebooks" / "first_private_posterior.ipynb"
 
 
+@pytest.mark.slow  # make test-all: runs the whole notebook (48 s on 2 cores)
 def test_first_private_posterior_notebook_runs(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

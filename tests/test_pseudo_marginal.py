@@ -74,7 +74,8 @@ def run(kernel, *args, num_samples=10_000, seed=0):
     return mcmc
 
 
-@pytest.mark.parametrize("kernel, particles", [(PMMH, 1), (PMMH, 16), (MHAAR, 2), (MHAAR, 16)])
+@pytest.mark.parametrize("kernel, particles", [
+    (PMMH, 1), pytest.param(PMMH, 16, marks=pytest.mark.slow), (MHAAR, 2), (MHAAR, 16)])
 def test_a_proportion_from_a_noised_count(kernel, particles):
     """n = 100, epsilon = 0.1 (b = 10): 1 and many particles, the same posterior."""
     args = (31.7, 100, 10.0)
@@ -142,7 +143,8 @@ def rows_posterior(y, b):
 
 @pytest.mark.parametrize("kernel, model, particles", [
     pytest.param(PMMH, rows_model, 16, marks=pytest.mark.slow), (MHAAR, rows_model, 2),
-    (MHAAR, rows_model, 16), pytest.param(MHAAR, rows_model_direct, 8, marks=pytest.mark.slow)])
+    pytest.param(MHAAR, rows_model, 16, marks=pytest.mark.slow),
+    pytest.param(MHAAR, rows_model_direct, 8, marks=pytest.mark.slow)])
 def test_rows_released_one_by_one(kernel, model, particles):
     """n = 20 rows, each |x_t| released with epsilon = 10 (b = 1; |x| bounded by 10):
     the particles are averaged per row (the model's plate), every row keeps its own."""
@@ -196,6 +198,7 @@ def test_the_row_plate_is_found_or_named():
                                                               jnp.arange(5)])
 
 
+@pytest.mark.slow  # make test-all: a mixing comparison (18 s)
 def test_mhaar_mixes_better_than_pmmh_at_the_same_particles():
     """The thesis's Table 6.1: MHAAR's autocorrelation is lower (a sharper release,
     epsilon = 0.5, where PMMH's estimate is noisy)."""

@@ -239,6 +239,7 @@ MESH_FAST = ["DPPenalty", "DPHMC", "DPSGLD", "DPHMC-tuned"]
 OTHER_KINDS = ["DPMinibatchPenalty", "DPBarker", "DPSGLD", "DPHMC-tuned"]
 
 
+@pytest.mark.slow  # make test-all: 8 emulated devices in a subprocess (90-140 s on 2 cores)
 def test_sharded_rows_give_one_devices_draws():
     _on_8_devices(MESH_SCRIPT, MESH_FAST, 900, devices=(1, 2, 8))
 
@@ -314,6 +315,7 @@ MESH_2D_SCRIPT = textwrap.dedent("""
 MESH_2D_RUNS = ["mesh (2, 4)", "mesh (4, 2)", "shard_rows (2, 4)", "parallel"]
 
 
+@pytest.mark.slow  # make test-all: 8 emulated devices in a subprocess (90-140 s on 2 cores)
 def test_chains_and_rows_split_over_a_2d_mesh():
     _on_8_devices(MESH_2D_SCRIPT, ["DPHMC"], 900, configs=MESH_2D_RUNS)
 
@@ -381,6 +383,7 @@ def _two_processes_give_one_processes_draws(names):
             np.testing.assert_array_equal(got, one_draws, err_msg=name)
 
 
+@pytest.mark.slow  # make test-all: two processes on localhost (90 s on 2 cores)
 def test_two_processes_give_one_processes_draws():
     """Two hosts on localhost (2 CPU devices each), each loading only its rows (401 and
     400): the draws of one process on one device, bit for bit, and the same charge."""
