@@ -28,7 +28,7 @@ from scipy import stats
 from scipy.special import expit, logsumexp
 
 from numpyro_dp.model.adapter import ModelSpecificationError, PrivateModel
-from numpyro_dp.model.dataflow import depends_on_private
+from numpyro_dp.model.dataflow import depends_on_private, inputs_read
 
 RTOL = 1e-10
 ATOL = 1e-10
@@ -1053,6 +1053,29 @@ def test_dataflow_through_nested_jit():
 
     flags = depends_on_private(lambda p, q: (middle(p, q), middle(p, p)), jnp.ones(2), jnp.ones(6))
     assert flags == (True, False)
+
+
+def test_inputs_read_agrees_with_one_trace_per_input():
+    """``inputs_read`` (one trace, a label per input) marks exactly the inputs that
+    ``depends_on_private`` finds, taking each in turn as the private one: through a
+    jitted call, a cond's predicate, and an input read by nothing."""
+    @jax.jit
+    def inner(a, b):
+        return a * b.sum()
+
+    def fn(p):
+        x = inner(p["a"], p["b"])
+        y = lax.cond(p["c"] > 0, lambda w: w + 1.0, lambda w: w - 1.0, x.sum())
+        return y + 0.0 * jnp.sum(p["unused"].shape[0])
+
+    inputs = {"a": jnp.ones(3), "b": jnp.ones(2), "c": jnp.ones(()), "unused": jnp.ones(4)}
+    read = inputs_read(fn, inputs)
+    for name in inputs:
+        others = {k: v for k, v in inputs.items() if k != name}
+        one = depends_on_private(lambda o, x, name=name: fn({**o, name: x}), others,
+                                 inputs[name])
+        assert read[name] == bool(one), name
+    assert read == {"a": True, "b": True, "c": True, "unused": False}
 
 
 def test_dataflow_through_cond():

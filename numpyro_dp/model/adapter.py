@@ -52,6 +52,7 @@ traced program, see :mod:`numpyro_dp.model.dataflow`).
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -68,7 +69,7 @@ from numpyro.distributions import biject_to, constraints
 from numpyro.distributions.util import sum_rightmost
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_dp.model.dataflow import captured_shapes, depends_on_private
+from numpyro_dp.model.dataflow import captured_shapes, depends_on_private, inputs_read
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.compiled import compile_once
 
@@ -677,7 +678,7 @@ class PrivateModel:
         can depend on (bool, shape ``(num_params,)``), site by site.
 
         Public structure: the program traced on stand-in rows
-        (:func:`~numpyro_dp.model.dataflow.depends_on_private`), never a value.  A
+        (:func:`~numpyro_dp.model.dataflow.inputs_read`), never a value.  A
         latent that only the prior reads (a hierarchical model's group mean and
         sd, where the group effects enter the likelihood) gets no information
         from the rows: its score and curvature are zero by construction, and a
@@ -685,18 +686,22 @@ class PrivateModel:
         """
         rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in self._row_specs]
         args, kwargs = self.rebuild(rows)
-        example = self._unravel(jnp.zeros(self.num_params))
 
-        def read(name):
-            def loglik(others, own):
-                return jnp.sum(self._split({**others, name: own}, args, kwargs)[1])
+        def loglik(params):
+            return jnp.sum(self._split(params, args, kwargs)[1])
 
-            others = {k: v for k, v in example.items() if k != name}
-            with _quietly():
-                return bool(depends_on_private(loglik, others, example[name]))
+        dtype = jnp.result_type(float)
+        example = {n: np.zeros(shape, dtype) for n, shape in self.param_shapes.items()}
+        with _quietly():
+            read = inputs_read(loglik, example)
+        return self._site_mask({n for n, r in read.items() if r})
 
-        read_by = {n: jnp.full(shape, float(read(n))) for n, shape in self.param_shapes.items()}
-        return np.asarray(self.ravel(read_by)) > 0
+    def _site_mask(self, names) -> np.ndarray:
+        """The flattened coordinates (bool) of the latent sites ``names``, in
+        :meth:`ravel`'s order (a dict's leaves: by name), built in NumPy: no JAX
+        program compiled for a public structure."""
+        return np.concatenate([np.full(math.prod(self.param_shapes[n]), n in names)
+                               for n in sorted(self.param_shapes)] or [np.zeros(0, bool)])
 
     @functools.cached_property
     def likelihood_reads_scale(self) -> bool:
@@ -704,9 +709,7 @@ class PrivateModel:
         (a noise scale, a dispersion): public structure, :attr:`positive_latents` among
         :attr:`likelihood_coordinates`.  Such a latent sets the scale of every row's
         score, which grows without bound as it shrinks."""
-        positive = {n: jnp.full(shape, float(n in self.positive_latents))
-                    for n, shape in self.param_shapes.items()}
-        return bool(np.any((np.asarray(self.ravel(positive)) > 0) & self.likelihood_coordinates))
+        return bool(np.any(self._site_mask(self.positive_latents) & self.likelihood_coordinates))
 
     def one_row_loglik(self, model_args: tuple, model_kwargs: dict,
                        expected: bool = False) -> tuple[Callable, list]:

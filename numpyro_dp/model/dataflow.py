@@ -46,6 +46,36 @@ def depends_on_private(
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), flags)
 
 
+def inputs_read(fn: Callable[[Any], Any], inputs: Any) -> Any:
+    """Which leaves of ``inputs`` some output of ``fn(inputs)`` can depend on.
+
+    One trace for every leaf: :func:`depends_on_private` with each leaf in turn as
+    the private one, by the same conservative rule (an equation passes every input's
+    labels to all its outputs), without tracing the program once per leaf.
+
+    Returns
+    -------
+    pytree of bool
+        Same structure as ``inputs``.
+    """
+    closed = jax.make_jaxpr(fn)(inputs)
+    jaxpr = closed.jaxpr
+    labels = {id(v): 1 << i for i, v in enumerate(jaxpr.invars)}
+    for eqn in jaxpr.eqns:
+        mask = 0
+        for v in eqn.invars:
+            if hasattr(v, "aval"):
+                mask |= labels.get(id(v), 0)
+        if mask:
+            labels.update((id(v), labels.get(id(v), 0) | mask) for v in eqn.outvars)
+    read = 0
+    for v in jaxpr.outvars:
+        read |= labels.get(id(v), 0)
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    return jax.tree_util.tree_unflatten(
+        treedef, [bool(read >> i & 1) for i in range(len(leaves))])
+
+
 def captured_shapes(fn: Callable, *example_args: Any) -> list[tuple[int, ...]]:
     """Shapes of the arrays that ``fn`` reads without receiving them as arguments.
 
