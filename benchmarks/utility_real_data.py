@@ -368,7 +368,8 @@ def run_case(name, model, args, kwargs, ref, eps, kernel_name, seed, num_warmup,
     ratio = draws.std(0) / sd
     phases = phase_epsilons(mcmc.ledger)
     return {
-        "case": name, "epsilon": eps, "kernel": kernel_name, "verdict": plan.verdict,
+        "case": name, "epsilon": eps, "kernel": kernel_name, "seed": seed,
+        "verdict": plan.verdict,
         "err_sd": float(np.max(np.abs(draws.mean(0) - mu) / sd)),
         "sd_ratio_min": float(ratio.min()), "sd_ratio_max": float(ratio.max()),
         "rhat": float(mcmc.mixing.max_rhat) if mcmc.mixing else float("nan"),
@@ -407,7 +408,7 @@ def run_linreg(name, args, ref, eps, seed):
     ratio = draws.std(0) / sd
     return {
         "case": name, "epsilon": eps, "kernel": "linreg (released statistics)",
-        "verdict": "", "err_sd": float(np.max(np.abs(draws.mean(0) - mu) / sd)),
+        "seed": seed, "verdict": "", "err_sd": float(np.max(np.abs(draws.mean(0) - mu) / sd)),
         "sd_ratio_min": float(ratio.min()), "sd_ratio_max": float(ratio.max()),
         "rhat": float("nan"), "eps_clip_selection": 0.0, "eps_warm_start": 0.0,
         "eps_sampling": eps, "eps_total": eps, "wall_s": wall,
@@ -438,31 +439,41 @@ def _pyplot():
 
 def write_outputs(rows, out: Path) -> None:
     _write_csv(rows, out)
-    header = ("| case | epsilon | kernel | plan | error (NUTS sds) | sd ratio | R-hat | "
-              "eps warm start / clips / sampling | wall s |\n"
+    header = ("| case | epsilon | kernel | plan | error per seed (NUTS sds) | sd ratio | "
+              "R-hat (largest) | eps warm start / clips / sampling | wall s (median) |\n"
               "|---|---|---|---|---|---|---|---|---|\n")
     def rhat(value):  # identical chains (none moved) give an astronomic R-hat
         return "-" if value != value else ("frozen" if value > 1e3 else f"{value:.2f}")
 
-    lines = [
-        f"| {r['case']} | {r['epsilon']:g} | {r['kernel']} | {r['verdict']} | "
-        f"{r['err_sd']:.2f} | {r['sd_ratio_min']:.2f}-{r['sd_ratio_max']:.2f} | "
-        f"{rhat(r['rhat'])} | {r['eps_warm_start']:.2f} / {r['eps_clip_selection']:.2f} / "
-        f"{r['eps_sampling']:.2f} | {r['wall_s']:.0f} |"
-        for r in rows
-    ]
+    def cell(case, eps, kernel):  # one line per case, epsilon and kernel, over seeds
+        return [r for r in rows
+                if r["case"] == case and r["epsilon"] == eps and r["kernel"] == kernel]
+
+    keys = list(dict.fromkeys((r["case"], r["epsilon"], r["kernel"]) for r in rows))
+    lines = []
+    for key in keys:
+        sel = cell(*key)
+        r = sel[0]
+        errors = ", ".join(f"{x['err_sd']:.2f}" for x in sel)
+        lines.append(
+            f"| {r['case']} | {r['epsilon']:g} | {r['kernel']} | {r['verdict']} | {errors} | "
+            f"{min(x['sd_ratio_min'] for x in sel):.2f}-"
+            f"{max(x['sd_ratio_max'] for x in sel):.2f} | "
+            f"{rhat(max(x['rhat'] for x in sel))} | {r['eps_warm_start']:.2f} / "
+            f"{r['eps_clip_selection']:.2f} / {r['eps_sampling']:.2f} | "
+            f"{np.median([x['wall_s'] for x in sel]):.0f} |")
     out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
     plt = _pyplot()
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     for (case, kernel) in dict.fromkeys((r["case"], r["kernel"]) for r in rows):
-        sel = [r for r in rows if r["case"] == case and r["kernel"] == kernel]
-        ax.plot([r["epsilon"] for r in sel], [r["err_sd"] for r in sel], marker="o",
-                label=f"{case}, {kernel}")
+        epsilons = list(dict.fromkeys(k[1] for k in keys if k[0] == case and k[2] == kernel))
+        ax.plot(epsilons, [np.mean([x["err_sd"] for x in cell(case, e, kernel)])
+                           for e in epsilons], marker="o", label=f"{case}, {kernel}")
     ax.axhline(1.0, color="k", ls="--", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="epsilon (delta = 1e-6)",
-           ylabel="max |mean - NUTS mean| / NUTS sd")
+           ylabel="max |mean - NUTS mean| / NUTS sd (mean over seeds)")
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=120)
@@ -571,15 +582,16 @@ def main() -> None:
             continue
         ref = nuts_reference(model, margs, mkwargs)
         for eps in args.epsilons:
-            for kernel in args.kernels:
-                row = run_case(name, model, margs, mkwargs, ref, eps, kernel, 1,
-                               args.num_warmup, args.num_samples)
-                print(row, flush=True)
-                rows.append(row)
-            if model is linear:
-                row = run_linreg(name, margs, ref, eps, 2)
-                print(row, flush=True)
-                rows.append(row)
+            for seed in range(args.seeds):
+                for kernel in args.kernels:
+                    row = run_case(name, model, margs, mkwargs, ref, eps, kernel, seed + 1,
+                                   args.num_warmup, args.num_samples)
+                    print(row, flush=True)
+                    rows.append(row)
+                if model is linear:
+                    row = run_linreg(name, margs, ref, eps, 2 * (seed + 1))
+                    print(row, flush=True)
+                    rows.append(row)
     write_outputs(rows, Path(args.out))
 
 
