@@ -155,7 +155,7 @@ DETECTION_SDS = 4.0
 #: ``mdvis`` (n = 2,227, epsilon 1), no bin was detected, the clip went to the
 #: grid's top (2^24), and the warm start's floored curvature froze it 101 posterior
 #: sds from the mode.
-DETECTION_BLOCK = 32
+DETECTION_RUN = 32
 #: Noise sds by which a quantile's count of rows above the clip is read
 #: upwards (:func:`histogram_quantile`).
 QUANTILE_MARGIN_SDS = 2.0
@@ -439,7 +439,7 @@ def histogram_quantile(
 def populated_top(counts: np.ndarray, noise_sd: float) -> int | None:
     """The highest bin that the noisy counts show to be populated (``None``: none).
 
-    Runs of 1 to :data:`DETECTION_BLOCK` adjacent bins count as populated when
+    Runs of 1 to :data:`DETECTION_RUN` adjacent bins count as populated when
     their summed count stands :data:`DETECTION_SDS` sds of its noise out.  The top
     starts at the highest single bin that does (where none does, at the end of the
     run that stands out most) and is raised to the end of the shortest such run
@@ -450,13 +450,13 @@ def populated_top(counts: np.ndarray, noise_sd: float) -> int | None:
     histograms (1.4% at 3 sds, where one draw in 20 of a test's put a clip 28 times
     too high).
     """
-    lengths = np.arange(1, DETECTION_BLOCK + 1)
+    lengths = np.arange(1, DETECTION_RUN + 1)
     threshold = DETECTION_SDS * noise_sd * np.sqrt(lengths)
     single = np.nonzero(counts >= threshold[0])[0]
     if single.size:
         top = int(single[-1])
     else:  # rows spread thinly: the run that stands out most, if any does
-        padded = np.concatenate([counts, np.zeros(DETECTION_BLOCK - 1)])
+        padded = np.concatenate([counts, np.zeros(DETECTION_RUN - 1)])
         runs = np.cumsum(np.lib.stride_tricks.sliding_window_view(padded, lengths.size), 1)
         score = runs / threshold
         start, length = np.unravel_index(np.argmax(score), score.shape)
@@ -464,7 +464,7 @@ def populated_top(counts: np.ndarray, noise_sd: float) -> int | None:
             return None
         top = min(int(start + length), counts.size - 1)
     while top + 1 < counts.size:
-        runs = np.cumsum(counts[top + 1: top + 1 + DETECTION_BLOCK])
+        runs = np.cumsum(counts[top + 1: top + 1 + DETECTION_RUN])
         found = np.nonzero(runs >= threshold[: runs.size])[0]
         if not found.size:
             break

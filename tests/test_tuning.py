@@ -104,18 +104,22 @@ def test_histogram_quantile_of_exact_counts():
     assert counts[-1] == pytest.approx(2, abs=1e-6)
 
 
+def noisy_quantiles(values, z, quantile, max_rows_above=None, draws=20):
+    """The quantile of ``draws`` released histograms of ``values`` (substitute, noise
+    multiplier ``z``), one per key."""
+    values = jax.numpy.asarray(np.asarray(values, np.float32))
+    return [tuning.histogram_quantile(
+        np.asarray(tuning.release_histogram(jax.random.PRNGKey(k), values, z, "substitute")),
+        values.shape[0], quantile, z * np.sqrt(2), max_rows_above) for k in range(draws)]
+
+
 def test_histogram_quantile_ignores_the_noise_of_the_empty_top_of_the_grid():
     # 2000 rows with scales around 1; the noise (sd 21 * sqrt(2), as at epsilon = 3)
     # of the ~45 empty bins above them, summed, is a random walk whose maximum often
     # exceeded the 100 rows a 95% quantile may leave above it (2^24 as the clip).
-    values = jax.numpy.asarray(np.random.default_rng(0).lognormal(0.0, 0.3, 2000), np.float32)
-    z = 21.0
-    noise_sd = z * np.sqrt(2)
-    exact = np.quantile(np.asarray(values), 0.95)
-    for k in range(20):
-        counts = np.asarray(tuning.release_histogram(jax.random.PRNGKey(k), values, z,
-                                                     "substitute"))
-        clip = tuning.histogram_quantile(counts, 2000, 0.95, noise_sd)
+    values = np.random.default_rng(0).lognormal(0.0, 0.3, 2000)
+    exact = np.quantile(values.astype(np.float32), 0.95)
+    for clip in noisy_quantiles(values, 21.0, 0.95):
         assert exact / np.sqrt(2) <= clip <= 4 * exact
 
 
@@ -125,14 +129,8 @@ def test_histogram_quantile_finds_rows_too_thinly_spread_for_any_bin():
     clip was the grid's top (2^24), which froze the warm start.  Runs of bins find
     them."""
     values = np.random.default_rng(0).lognormal(0.0, 2.5, 2227).astype(np.float32)
-    z = 45.0
     exact = np.quantile(values, 0.9)
-    clips = []
-    for k in range(20):
-        counts = np.asarray(tuning.release_histogram(jax.random.PRNGKey(k),
-                                                     jax.numpy.asarray(values), z,
-                                                     "substitute"))
-        clips.append(tuning.histogram_quantile(counts, 2227, 0.9, z * np.sqrt(2)))
+    clips = noisy_quantiles(values, 45.0, 0.9)
     assert max(clips) <= 2.0**10  # the rows' top is about 2^9
     assert exact / 4 <= np.median(clips) <= 4 * exact
 
@@ -145,14 +143,7 @@ def test_histogram_quantile_sees_a_heavy_tail_above_the_bulk():
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.lognormal(0.0, 0.2, 2000),
                              np.exp(rng.uniform(0.0, np.log(64.0), 200))]).astype(np.float32)
-    z = 5.7
-    clips = []
-    for k in range(20):
-        counts = np.asarray(tuning.release_histogram(jax.random.PRNGKey(k),
-                                                     jax.numpy.asarray(values), z,
-                                                     "substitute"))
-        clips.append(tuning.histogram_quantile(counts, 2200, 0.9, z * np.sqrt(2),
-                                               tuning.clip_rows_above(z, "substitute")))
+    clips = noisy_quantiles(values, 5.7, 0.9, tuning.clip_rows_above(5.7, "substitute"))
     assert np.median(clips) >= np.quantile(values, 0.99) / 2
     assert max(clips) <= 4 * values.max()
 
@@ -307,7 +298,7 @@ def test_the_warm_start_finds_a_small_noise_scale():
         np.testing.assert_allclose(start["b"], [0.5, 1.0, -0.7], atol=0.05)
 
 
-@pytest.mark.slow  # make test-all: about 60 s
+@pytest.mark.slow  # make test-all: about 35 s
 def test_more_budget_does_not_make_heavy_tailed_counts_worse():
     """Issue 38, item 2: a Poisson regression on COUNT's ``mdvis`` (n = 2,227, 7
     parameters, 0-60 visits), the per-iteration defaults at epsilon 1, 3 and 10, four
