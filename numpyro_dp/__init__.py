@@ -22,10 +22,6 @@ The package in layers (each imports only from the ones above it):
   release delivers.
 """
 
-import importlib as _importlib
-import sys as _sys
-import warnings as _warnings
-
 from numpyro_dp import audit, mixing
 from numpyro_dp.accounting import (
     AccountantWarning,
@@ -133,41 +129,3 @@ __all__ = [
     "to_datatree",
     "to_inference_data",
 ]
-
-#: Modules that moved into the layered tree (issue 19) keep their old import
-#: paths (``from numpyro_dp.linreg import ...``): the old name is the new module.
-_MOVED = {
-    "dataflow": "model.dataflow", "gradients": "primitives.gradients",
-    "batching": "primitives.batching", "rounding": "primitives.rounding",
-    "rdp": "accounting.rdp", "ledger": "accounting.ledger",
-    "mechanisms": "releases.mechanisms", "linreg": "releases.linreg",
-    "models": "evaluation.models", "diagnostics": "evaluation.diagnostics",
-    "secret": "primitives.secret",
-}
-for _old, _new in _MOVED.items():
-    _sys.modules[f"{__name__}.{_old}"] = globals()[_old] = _importlib.import_module(
-        f"{__name__}.{_new}")
-
-#: DP Barker's planners, once top-level, now behind PrivateMCMC.plan (issue 19):
-#: the old name still works until 0.3, with a DeprecationWarning naming the new call.
-_PLANNED_BY_RUNNER = {
-    "barker_epsilon": "PrivateMCMC(DPBarker(model, batch_size=b), ..., epsilon=, delta=)"
-                      ".plan(num_rows=n).epsilon",
-    "barker_max_iterations": "PrivateMCMC(DPBarker(model, batch_size=b), ..., epsilon=, "
-                             "delta=).plan(num_rows=n).max_iterations",
-    "barker_max_batch_size": "PrivateMCMC(DPBarker(model, batch_size=b), ..., epsilon=, "
-                             "delta=).plan(num_rows=n).max_batch_size",
-}
-
-
-def __getattr__(name: str):
-    if name in _PLANNED_BY_RUNNER:
-        _warnings.warn(
-            f"ndp.{name} is deprecated and stops working in numpyro-dp 0.3: plan with "
-            f"{_PLANNED_BY_RUNNER[name]} (every kernel plans the same way), or import it "
-            "from numpyro_dp.kernels.barker.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_importlib.import_module(f"{__name__}.kernels.barker"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

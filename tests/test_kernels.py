@@ -14,8 +14,8 @@ from numpyro_dp.kernels.barker import barker_epsilon, barker_max_batch_size
 KERNELS = [ndp.DPPenalty, ndp.DPMinibatchPenalty, ndp.DPHMC, ndp.DPMALA, ndp.DPBarker,
            ndp.DPSGLD, ndp.DPSGHMC, ndp.DPSGNHT]
 
-#: The positional order of earlier releases, and a value for each.
-LEGACY = {
+#: Each kernel's leading keywords, and a value for each.
+KEYWORDS = {
     ndp.DPPenalty: {"llr_clip": 1.0, "proposal_scale": 0.05},
     ndp.DPHMC: {"step_size": 0.01, "num_steps": 3},
     ndp.DPMALA: {"step_size": 0.01},
@@ -26,10 +26,6 @@ LEGACY = {
 }
 
 
-def public_config(kernel):
-    return {k: v for k, v in vars(kernel).items() if not k.startswith("_")}
-
-
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
 def test_the_model_is_the_only_positional_argument(kernel):
     parameters = list(inspect.signature(kernel).parameters.values())
@@ -38,24 +34,14 @@ def test_the_model_is_the_only_positional_argument(kernel):
     assert "self" not in inspect.signature(kernel).parameters
 
 
-@pytest.mark.parametrize("kernel", list(LEGACY), ids=lambda k: k.__name__)
-def test_the_old_positional_order_still_works_with_a_deprecation_that_shows_the_keywords(kernel):
-    values = LEGACY[kernel]
-    with pytest.warns(DeprecationWarning, match="stops working in numpyro-dp 0.3") as record:
-        old = kernel(logistic_model, *values.values())
-    message = str(record[0].message)
-    assert all(f"{name}=" in message for name in values), message
-    assert record[0].filename == __file__  # points at the caller's line
-    assert public_config(old) == public_config(kernel(logistic_model, **values))
-
-
-def test_positional_misuse_is_refused():
-    with pytest.raises(TypeError, match="keyword arguments only"):
-        ndp.DPMALA(logistic_model, 0.01, 1)
-    with pytest.raises(TypeError, match="both by position and by keyword"):
-        ndp.DPHMC(logistic_model, 0.01, step_size=0.02)
-    with pytest.raises(TypeError, match="keyword arguments only"):
-        ndp.DPMinibatchPenalty(logistic_model, 1.0, 0.05, 100)
+@pytest.mark.parametrize("kernel", list(KEYWORDS), ids=lambda k: k.__name__)
+def test_a_positional_argument_after_the_model_is_refused_with_the_keyword_form(kernel):
+    values = KEYWORDS[kernel]
+    with pytest.raises(TypeError, match="keyword arguments only") as err:
+        kernel(logistic_model, *values.values())
+    assert f"{kernel.__name__}(model, " in str(err.value)
+    assert all(f"{name}=" in str(err.value) for name in list(values)[:1])
+    kernel(logistic_model, **values)  # the keyword form is accepted
 
 
 def test_dpmala_takes_dphmc_arguments_without_relisting_them():
@@ -69,16 +55,13 @@ def test_dpmala_takes_dphmc_arguments_without_relisting_them():
         ndp.DPMALA(logistic_model, num_steps=3)
 
 
-def test_the_minibatch_penalty_is_its_own_kernel_and_the_old_spelling_still_makes_it():
+def test_the_minibatch_penalty_is_its_own_kernel():
     kernel = ndp.DPMinibatchPenalty(logistic_model, batch_size=50, llr_clip=1.0,
                                     temperature=0.1)
     assert isinstance(kernel, ndp.DPPenalty) and kernel.batch_size == 50
     assert ndp.DPPenalty(logistic_model, llr_clip=1.0).batch_size is None
-    assert type(ndp.DPPenalty(logistic_model, batch_size=None)) is ndp.DPPenalty
-    with pytest.warns(DeprecationWarning, match="DPMinibatchPenalty"):
-        old = ndp.DPPenalty(logistic_model, batch_size=50, llr_clip=1.0, temperature=0.1)
-    assert type(old) is ndp.DPMinibatchPenalty
-    assert public_config(old) == public_config(kernel)
+    with pytest.raises(TypeError, match="DPPenalty has no argument 'batch_size'"):
+        ndp.DPPenalty(logistic_model, batch_size=50, llr_clip=1.0)
     assert type(copy.copy(kernel)) is ndp.DPMinibatchPenalty
     event = kernel.per_iteration_event(2.0, num_rows=1000)
     assert (event.sampling_probability if hasattr(event, "sampling_probability")
@@ -111,13 +94,9 @@ def test_every_kernel_plans_through_the_runner_and_barker_reports_its_largest_ba
 
 @pytest.mark.parametrize("name", ["barker_epsilon", "barker_max_iterations",
                                   "barker_max_batch_size"])
-def test_top_level_barker_planners_are_deprecated_for_the_runner_plan(name):
-    with pytest.warns(DeprecationWarning, match=r"\.plan\(num_rows=n\)"):
-        function = getattr(ndp, name)
-    assert function is getattr(ndp.kernels.barker, name)
-    assert name not in ndp.__all__
-    with pytest.raises(AttributeError):
-        ndp.no_such_name  # noqa: B018
+def test_barker_planners_live_in_their_kernel_module_only(name):
+    assert callable(getattr(ndp.kernels.barker, name))
+    assert name not in ndp.__all__ and not hasattr(ndp, name)
     assert np.isfinite(barker_epsilon(10**5, 500, 10, 1e-6))
 
 

@@ -500,10 +500,9 @@ def test_runs_and_releases_pay_from_a_stored_budget_across_sessions(tmp_path):
         session(200)
     with pytest.raises(ndp.PrivacyBudgetError):  # a tighter budget of this run
         session(20, epsilon=mcmc.privacy_spent().epsilon)
-    release = mech.gaussian_mechanism(random.PRNGKey(1), X.sum(0), mech.sum_sensitivity(1.0),
-                                      noise_multiplier=1.0)
     with pytest.raises(ndp.PrivacyBudgetError):
-        release.charge_to(ledger)
+        mech.gaussian_mechanism(random.PRNGKey(1), X.sum(0), mech.sum_sensitivity(1.0),
+                                noise_multiplier=1.0, ledger=ledger)
     assert len(PrivacyLedger.open(path).entries) == 1
 
 

@@ -108,8 +108,7 @@ def test_release_and_private_mcmc_share_one_budget():
     X, y = make_logistic_data(300, 2)
     ledger = ndp.PrivacyLedger(delta=1e-5, neighbourhood="substitute")
     rel = mech.gaussian_mechanism(KEY, X.sum(0), mech.sum_sensitivity(1.0),
-                                  epsilon=1.0, delta=1e-5)
-    rel.charge_to(ledger)
+                                  epsilon=1.0, delta=1e-5, ledger=ledger)
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.1)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=20, num_samples=30, epsilon=3.0,
                            ledger=ledger, progress_bar=False, warm_start=0)
@@ -122,8 +121,7 @@ def test_release_and_private_mcmc_share_one_budget():
     )
     assert spent.epsilon == pytest.approx(reference, abs=1e-2)
     # a Laplace release on the same ledger: mixed composition, never below the parts
-    lap = mech.laplace_mechanism(KEY, np.zeros(1), 1.0, epsilon=0.5)
-    lap.charge_to(ledger)
+    lap = mech.laplace_mechanism(KEY, np.zeros(1), 1.0, epsilon=0.5, ledger=ledger)
     mixed = ledger.epsilon()
     assert mixed >= spent.epsilon and mixed <= spent.epsilon + 0.5 + 1e-3
     assert mixed == pytest.approx(pld_epsilon(
@@ -141,9 +139,8 @@ def test_shared_ledger_must_agree():
     with pytest.raises(ValueError, match="delta"):
         ndp.PrivateMCMC(ndp.DPPenalty(logistic_model, llr_clip=1.0, neighbourhood="add_remove"),
                         num_warmup=1, num_samples=1, epsilon=1.0, delta=1e-3, ledger=ledger)
-    rel = mech.gaussian_mechanism(KEY, 0.0, 1.0, epsilon=1.0, delta=1e-5)
     with pytest.raises(ValueError, match="neighbourhood"):
-        rel.charge_to(ledger)
+        mech.gaussian_mechanism(KEY, 0.0, 1.0, epsilon=1.0, delta=1e-5, ledger=ledger)
 
 
 @pytest.mark.parametrize("kwargs,match", [

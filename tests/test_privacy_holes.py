@@ -202,9 +202,8 @@ def test_5_a_run_killed_while_sampling_stays_charged_exactly_once(tmp_path):
 def test_6_a_spent_budget_is_refused_instead_of_calibrating_to_the_slack(data):
     X, y = data
     ledger = ndp.PrivacyLedger(1e-5, "substitute")
-    release = ndp.mechanisms.gaussian_mechanism(
-        jax.random.PRNGKey(0), np.zeros(2), 1.0, epsilon=0.999999, delta=1e-5)
-    release.charge_to(ledger)
+    ndp.mechanisms.gaussian_mechanism(
+        jax.random.PRNGKey(0), np.zeros(2), 1.0, epsilon=0.999999, delta=1e-5, ledger=ledger)
     mcmc = ndp.PrivateMCMC(penalty(), num_warmup=10, num_samples=10, epsilon=1.0, ledger=ledger,
                            progress_bar=False)
     with pytest.raises(ndp.PrivacyBudgetError, match="useful noise level") as err:

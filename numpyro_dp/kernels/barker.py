@@ -349,7 +349,7 @@ class DPBarker(DPKernel):
     default_fields = ("z", "accepted")
     calibrated_noise = False
 
-    @keyword_arguments("batch_size", "proposal_scale", "n0")
+    @keyword_arguments
     def __init__(
         self,
         model: Callable,

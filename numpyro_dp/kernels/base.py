@@ -28,7 +28,6 @@ import difflib
 import functools
 import inspect
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -352,57 +351,35 @@ def carries_info(info_type: type) -> Callable[[type], type]:
     return decorate
 
 
-#: The release from which positional arguments after the model stop working.
-POSITIONAL_REMOVAL = "0.3"
-
-
-def keyword_arguments(*legacy: str) -> Callable[[Callable], Callable]:
+def keyword_arguments(init: Callable) -> Callable:
     """Decorator of a kernel's ``__init__(self, model, *, ...)``: one calling convention.
 
     Every kernel takes the model positionally and everything else by keyword
     (``DPSGLD(model, step_size=1e-3, batch_size=100, grad_clip=1.0)``): clips,
     steps and batch sizes read the same in every kernel and cannot be swapped
-    silently.  The positional order of earlier releases, ``legacy``, is still
-    accepted until numpyro-dp :data:`POSITIONAL_REMOVAL`, with a
-    ``DeprecationWarning`` that shows the keyword form.
+    silently.  A positional argument after the model, or a misspelt keyword,
+    raises a ``TypeError`` that shows the keyword form or the closest name.
     """
 
-    def decorate(init: Callable) -> Callable:
-        @functools.wraps(init)
-        def __init__(self, model, *args, **kwargs):
-            kernel = type(self).__name__
-            accepted = inspect.signature(init).parameters  # as extends() shows them
-            for name in kwargs.keys() - accepted.keys() - getattr(init, "fixed", set()):
-                close = difflib.get_close_matches(name, list(accepted), n=1)
-                hint = f"; did you mean {close[0]}=?" if close else ""
-                raise TypeError(f"{kernel} has no argument {name!r}{hint} Its arguments: "
-                                f"{', '.join(list(accepted)[2:])}.")
-            if args:
-                if len(args) > len(legacy):
-                    keywords = ", ".join(f"{name}=..." for name in list(accepted)[2:5])
-                    raise TypeError(
-                        f"{kernel} takes the model and then keyword arguments only "
-                        f"({len(args) + 1} positional arguments given): write "
-                        f"{kernel}(model, {keywords})."
-                    )
-                names = legacy[: len(args)]
-                twice = sorted(set(names) & kwargs.keys())
-                if twice:
-                    raise TypeError(f"{kernel} got {twice} both by position and by keyword.")
-                keywords = ", ".join(f"{name}=..." for name in names)
-                warnings.warn(
-                    f"{kernel}(model, <{len(args)} positional>) is deprecated and stops "
-                    f"working in numpyro-dp {POSITIONAL_REMOVAL}: write {kernel}(model, "
-                    f"{keywords}).",
-                    DeprecationWarning,
-                    stacklevel=2,
-                )
-                kwargs.update(zip(names, args, strict=False))
-            init(self, model, **kwargs)
+    @functools.wraps(init)
+    def __init__(self, model, *args, **kwargs):
+        kernel = type(self).__name__
+        accepted = inspect.signature(init).parameters  # as extends() shows them
+        for name in kwargs.keys() - accepted.keys() - getattr(init, "fixed", set()):
+            close = difflib.get_close_matches(name, list(accepted), n=1)
+            hint = f"; did you mean {close[0]}=?" if close else ""
+            raise TypeError(f"{kernel} has no argument {name!r}{hint} Its arguments: "
+                            f"{', '.join(list(accepted)[2:])}.")
+        if args:
+            keywords = ", ".join(f"{name}=..." for name in list(accepted)[2:5])
+            raise TypeError(
+                f"{kernel} takes the model and then keyword arguments only "
+                f"({len(args) + 1} positional arguments given): write "
+                f"{kernel}(model, {keywords})."
+            )
+        init(self, model, **kwargs)
 
-        return __init__
-
-    return decorate
+    return __init__
 
 
 def extends(base: type, *, drop: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:

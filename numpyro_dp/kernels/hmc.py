@@ -382,7 +382,7 @@ class DPHMC(DPKernel):
     #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).
     proposal_variance_factor = 1.0
 
-    @keyword_arguments("step_size", "num_steps")
+    @keyword_arguments
     def __init__(
         self,
         model: Callable,

@@ -65,7 +65,7 @@ class DPMALA(DPHMC):
     and is not implemented.
     """
 
-    @keyword_arguments("step_size")
+    @keyword_arguments
     @extends(DPHMC, drop=("num_steps",))
     def __init__(
         self,

@@ -33,9 +33,7 @@ with NumPyro's windowed schedule.  Both are post-processing of releases.
 
 from __future__ import annotations
 
-import inspect
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -48,7 +46,6 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
 from numpyro_dp.kernels.base import (
-    POSITIONAL_REMOVAL,
     ClipRequest,
     DPKernel,
     batch_ratio_sums,
@@ -392,9 +389,6 @@ class DPPenalty(DPKernel):
         the warm start's covariance up to 50 parameters, else diagonal.
     target_accept_prob : float, optional
         Defaults to 0.234 (random walk) or 0.44 (one coordinate, guided).
-    batch_size : None
-        Deprecated: ``DPPenalty(model, batch_size=b)`` makes a
-        :class:`~numpyro_dp.DPMinibatchPenalty`, with a ``DeprecationWarning``.
 
     Notes
     -----
@@ -412,19 +406,7 @@ class DPPenalty(DPKernel):
     #: Rows per test; ``None``: all ``n`` (:class:`DPMinibatchPenalty` sets it).
     batch_size: int | None = None
 
-    def __new__(cls, *args: Any, batch_size: int | None = None, **kwargs: Any):
-        if cls is DPPenalty and batch_size is not None:
-            warnings.warn(
-                "DPPenalty(model, batch_size=b) is deprecated and stops working in "
-                f"numpyro-dp {POSITIONAL_REMOVAL}: write DPMinibatchPenalty(model, "
-                "batch_size=b), the same kernel.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            cls = DPMinibatchPenalty
-        return super().__new__(cls)
-
-    @keyword_arguments("llr_clip", "proposal_scale")
+    @keyword_arguments
     def __init__(
         self,
         model: Callable,
@@ -441,7 +423,6 @@ class DPPenalty(DPKernel):
         adapt_covariance: bool | None = None,
         dense_covariance: bool | None = None,
         target_accept_prob: float | None = None,
-        batch_size: None = None,
     ):
         super().__init__(
             model,
@@ -472,8 +453,6 @@ class DPPenalty(DPKernel):
         self.adapt_proposal_scale = adapt_proposal_scale
         self.adapt_covariance = adapt_covariance
         self.dense_covariance = dense_covariance
-        if batch_size is not None:  # only DPPenalty.__new__'s deprecated route passes one
-            raise TypeError("batch_size is DPMinibatchPenalty's argument, not DPPenalty's.")
 
     def per_iteration_event(
         self, noise_multiplier: float | None = None, num_rows: int | None = None
@@ -541,10 +520,6 @@ class DPPenalty(DPKernel):
         return f"acc. prob={state.mean_accept_prob:.2f}, scale={state.proposal_scale:.2e}"
 
 
-# help(DPPenalty) and IDEs show the arguments of __init__, not __new__'s *args.
-DPPenalty.__new__.__signature__ = inspect.signature(DPPenalty.__init__)
-
-
 class DPMinibatchPenalty(DPPenalty):
     """The DP penalty test on a minibatch: Räisä (2020, s4.1).
 
@@ -572,8 +547,8 @@ class DPMinibatchPenalty(DPPenalty):
     log-likelihood ratio becomes Gaussian.
     """
 
-    @keyword_arguments("llr_clip", "proposal_scale")
-    @extends(DPPenalty, drop=("batch_size",))
+    @keyword_arguments
+    @extends(DPPenalty)
     def __init__(self, model: Callable, *, batch_size: int, **penalty_arguments: Any):
         super().__init__(model, **penalty_arguments)
         if not isinstance(batch_size, int) or batch_size < 2:

@@ -302,7 +302,7 @@ class _StochasticGradientKernel(DPKernel):
     calibrated_noise = False
     num_steps = 1
 
-    @keyword_arguments("step_size", "batch_size", "grad_clip")
+    @keyword_arguments
     def __init__(
         self,
         model: Callable,
@@ -544,7 +544,7 @@ class DPSGHMC(_StochasticGradientKernel):
     performs.
 """
 
-    @keyword_arguments("step_size", "batch_size", "grad_clip")
+    @keyword_arguments
     @extends(_StochasticGradientKernel)
     def __init__(self, model: Callable, *, num_steps: int = 10, friction: float = 1.0,
                  **sg_arguments):
@@ -581,7 +581,7 @@ class DPSGNHT(_StochasticGradientKernel):
     minibatch-gradient noise only as ``eta -> 0``.
 """
 
-    @keyword_arguments("step_size", "batch_size", "grad_clip")
+    @keyword_arguments
     @extends(_StochasticGradientKernel)
     def __init__(self, model: Callable, *, num_steps: int = 1, diffusion: float = 1.0,
                  **sg_arguments):

@@ -59,7 +59,6 @@ from numpyro_dp.releases.mechanisms import (
     U64,
     GridPlan,
     Release,
-    charge,
     check_bound,
     clip_rows,
     computed_bound,
@@ -240,16 +239,6 @@ class LinRegRelease(NamedTuple):
     y_bound: float
     entry: LedgerEntry
     neighbourhood: str
-
-    def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Charge this release to ``ledger`` after the fact (kept for compatibility).
-
-        As :meth:`numpyro_dp.releases.mechanisms.Release.charge_to`: a refused charge
-        raises :class:`~numpyro_dp.PrivacyBudgetError` and the statistics must
-        be discarded unpublished; ``release_linreg_stats(..., ledger=)`` charges
-        before any noise is drawn instead.
-        """
-        charge(ledger, self.entry, self.neighbourhood)
 
 
 def _holders_plan_rows(holders, neighbourhood, max_rows, delta) -> int:

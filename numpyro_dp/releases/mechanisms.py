@@ -113,17 +113,6 @@ class Release(NamedTuple):
     entry: LedgerEntry
     neighbourhood: str
 
-    def charge_to(self, ledger: PrivacyLedger) -> None:
-        """Charge this release to ``ledger`` after the fact (kept for compatibility).
-
-        The value exists before it is charged: if the ledger's budget cannot
-        pay, :class:`~numpyro_dp.PrivacyBudgetError` is raised and the value
-        must be discarded unpublished.  Passing ``ledger=`` to the mechanism is
-        the safe way: it charges before any noise is drawn, and a refused
-        charge leaves nothing released.  (Do not do both: that charges twice.)
-        """
-        charge(ledger, self.entry, self.neighbourhood)
-
     def likelihood(self, statistic) -> dist.Distribution:
         """The release's law given the true ``statistic``: observe it in a model.
 
