@@ -71,7 +71,7 @@ from numpyro_dp.accounting.ledger import PrivacySpent
 from numpyro_dp.accounting.rdp import ORDERS, BarkerDpEvent, barker_rdp, curve_epsilon, wbk_amplify
 from numpyro_dp.kernels import barker, base, hmc, penalty, sgmcmc
 from numpyro_dp.kernels.base import DPKernel
-from numpyro_dp.primitives import gradients, tap
+from numpyro_dp.primitives import gradients, release, tap
 from numpyro_dp.primitives.rounding import exact_sum
 from numpyro_dp.primitives.secret import ReproducibleNoiseWarning, noise_key, run_secret
 
@@ -440,7 +440,7 @@ def clipped_sum_release(
     Clips every row as the kernels do (:func:`~numpyro_dp.kernels.base.clip_ratios`
     for scalar rows, :func:`~numpyro_dp.primitives.gradients.clip_weights` for
     vectors), sums, and releases
-    through :func:`~numpyro_dp.kernels.base.release_clipped_sum` ``num_draws``
+    through :func:`~numpyro_dp.primitives.release.release_clipped_sum` ``num_draws``
     times for each set of rows.  Along the difference of the two exact sums
     the releases are ``sum + N(0, sigma^2)``: the realised sensitivity
     ``Delta`` and a ``confidence`` upper bound on ``sigma`` (chi-square) give a
@@ -470,9 +470,9 @@ def clipped_sum_release(
         total = exact_sum(clipped, bound)
 
         def draw(key, total=total, n=clipped.shape[0], bound=bound):
-            return base.release_clipped_sum(key, total, n, bound,
-                                            noise_multiplier=noise_multiplier,
-                                            sensitivity_factor=factor)[0]
+            return release.release_clipped_sum(key, total, n, bound,
+                                               noise_multiplier=noise_multiplier,
+                                               sensitivity_factor=factor)[0]
 
         exact = np.asarray(total[0], np.float64) + np.asarray(total[1], np.float64)
         sides.append((draw, exact))
@@ -895,8 +895,8 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
     # Every binding of the original, wherever a module imported it by name.
     owners = [m for n, m in list(sys.modules.items()) if n.startswith("numpyro_dp")]
     if name == "noise_halved":
-        release = base.grid_release
-        replacements = {release: lambda key, hi, lo, scale, *a, **k: release(
+        grid_release = release.grid_release
+        replacements = {grid_release: lambda key, hi, lo, scale, *a, **k: grid_release(
             key, hi, lo, scale / 2, *a, **k)}
     elif name == "canary_unclipped":
         weights, ratios = gradients.clip_weights, base.clip_ratios
@@ -918,9 +918,9 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
         replacements = {entry: short}
         owners = [mcmc.PrivateMCMC]
     else:
-        replacements = {release: _divided_noise(release, divisor) for release in (
-            base.release_clipped_sum, base.release_llr, penalty.release_batch_sums)}
-        sum_with_noise = base.release_sum_with_noise
+        replacements = {made: _divided_noise(made, divisor) for made in (
+            release.release_clipped_sum, base.release_llr, penalty.release_batch_sums)}
+        sum_with_noise = release.release_sum_with_noise
         replacements[sum_with_noise] = lambda key, total, num_terms, row_bound, sigma: (
             sum_with_noise(key, total, num_terms, row_bound, sigma / divisor))
         # The kernels' bindings only: base's own release_llr calls release_clipped_sum.

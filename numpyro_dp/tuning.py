@@ -55,7 +55,7 @@ from jax import lax, random
 from numpyro.infer import init_to_median
 
 from numpyro_dp.accounting import calibrate_gaussian, sensitivity_factor
-from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
+from numpyro_dp.kernels.base import ClipRequest
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives.compiled import jit_once
 from numpyro_dp.primitives.gradients import (
@@ -64,11 +64,8 @@ from numpyro_dp.primitives.gradients import (
     row_hessian_norms,
     vector_clip_bound,
 )
+from numpyro_dp.primitives.release import release_clipped_sum, release_on_grid
 from numpyro_dp.primitives.rounding import (
-    grid_quantum,
-    grid_release,
-    grid_sensitivity,
-    noise_scale,
     sum_levels,
 )
 from numpyro_dp.primitives.secret import noise_key
@@ -378,7 +375,7 @@ def release_histogram(
     values above the last edge and the non-finite ones.  Rows outside ``mask``
     (padding) are in no bin; ``num_rows`` (default: all values) is the real
     rows' number.  Counts are exact integers; the noise is added on the grid of
-    :func:`~numpyro_dp.primitives.rounding.grid_release`, whose rounding is charged in
+    :func:`~numpyro_dp.primitives.release.release_on_grid`, whose rounding is charged in
     the sensitivity.
     """
     edges = jnp.asarray(SCALE_GRID, values.dtype)
@@ -389,10 +386,9 @@ def release_histogram(
     dim = edges.size + 1
     sigma0 = noise_multiplier * histogram_sensitivity(neighbourhood)
     n = values.shape[0] if num_rows is None else num_rows
-    quantum = grid_quantum(n, sigma0, values.dtype)
-    sensitivity = histogram_sensitivity(neighbourhood) + grid_sensitivity(quantum, dim)
-    return grid_release(key, counts, jnp.zeros_like(counts),
-                        noise_scale(noise_multiplier, sensitivity, values.dtype), quantum)
+    return release_on_grid(key, counts, jnp.zeros_like(counts), noise_multiplier=noise_multiplier,
+                           sensitivity=histogram_sensitivity(neighbourhood), dim=dim,
+                           magnitude=n, grid_sigma=sigma0)[0]
 
 
 def histogram_quantile(

@@ -1,8 +1,9 @@
 """Every kernel releases exactly what it is charged for (issue 17).
 
-Each release of every kernel goes through one of three gates: ``grid_release``
-(the Gaussian releases of the full-data, gradient and stochastic-gradient
-kernels, and the subsampled penalty) and ``barker_decision`` (DP Barker).  The
+Each release of every kernel goes through one of two gates: ``grid_release`` of
+the release gate (:mod:`numpyro_dp.primitives.release`: the Gaussian releases
+of the full-data, gradient and stochastic-gradient kernels, the subsampled
+penalty, the tuning and the noise-aware route) and ``barker_decision`` (DP Barker).  The
 tests route them through a counter that runs *inside* the compiled sampler
 (``jax.debug.callback``, once per chain under ``vmap``), and compare the count
 with what the ledger charged, for every kernel and configuration (full data
@@ -37,7 +38,8 @@ from _support.running import negligible_noise_warnings, run, run_on_devices
 from _support.stats import assert_moments_match, moment_errors
 
 import numpyro_dp as ndp
-from numpyro_dp.kernels import barker, base, penalty
+from numpyro_dp.kernels import barker
+from numpyro_dp.primitives import release as gate
 
 #: The slow tests of this module that run short chains, where compiling takes the time
 #: (conftest); the statistical test at negligible noise is not one of them.
@@ -107,8 +109,7 @@ class Made(list):
 def releases(monkeypatch):
     """Count the releases made at run time (one per chain under vmap)."""
     made = Made()
-    for module in (base, penalty):
-        monkeypatch.setattr(module, "grid_release", releases_counter(made, module.grid_release))
+    monkeypatch.setattr(gate, "grid_release", releases_counter(made, gate.grid_release))
     monkeypatch.setattr(barker, "barker_decision",
                         releases_counter(made, barker.barker_decision))
     return made
@@ -197,9 +198,6 @@ def test_releases_made_equal_releases_charged(data, releases, name):
 ], ids=["DPPenalty", "DPHMC"])
 def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch, make):
     """Clip selection and the warm start (issue 18) release what they are charged."""
-    from numpyro_dp import tuning
-
-    monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
     X, y = data
     # n = 120: an epsilon large enough for the warm start to be made (WARM_START_MIN_SNR).
     mcmc = ndp.PrivateMCMC(make(), num_warmup=2, num_samples=3, num_chains=2,
@@ -227,9 +225,6 @@ def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkey
     they do at this budget where the likelihood reads a noise scale; 2 stages of 2
     histograms, score and curvature); the ledger's notes about the release cost
     nothing."""
-    from numpyro_dp import tuning
-
-    monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
     X, y = data
     if model is linear_model:
         y = X @ np.array([0.5, -0.3]) + 0.3 * np.random.default_rng(0).normal(size=len(y))
@@ -273,7 +268,8 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax
     import numpyro_dp as ndp
-    from numpyro_dp.kernels import barker, base, penalty
+    from numpyro_dp.kernels import barker
+    from numpyro_dp.primitives import release
     import test_conformance as tc
     from _support.data import make_logistic_data
 
@@ -284,14 +280,13 @@ PARALLEL_SCRIPT = textwrap.dedent("""
 
     made = Made()
 
-    def counted(gate):
+    def counted(release_fn):
         def wrapper(key, *args, **kwargs):
             jax.debug.callback(lambda _: made.append(1), jax.random.key_data(key))
-            return gate(key, *args, **kwargs)
+            return release_fn(key, *args, **kwargs)
         return wrapper
 
-    for module in (base, penalty):
-        module.grid_release = counted(module.grid_release)
+    release.grid_release = counted(release.grid_release)
     barker.barker_decision = counted(barker.barker_decision)
     X, y = make_logistic_data(tc.N, 2, seed=11)
     for name in tc.KERNELS:

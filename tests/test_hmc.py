@@ -29,7 +29,7 @@ from scipy.optimize import brentq
 from scipy.special import erfc
 
 import numpyro_dp as ndp
-import numpyro_dp.kernels.base as base
+import numpyro_dp.primitives.release as gate
 from numpyro_dp.evaluation.models import (
     banana_data,
     banana_model,
@@ -355,7 +355,7 @@ def test_everything_published_is_a_function_of_the_releases(monkeypatch):
     potential energy or gradient in the state, or an accept test that used the
     un-noised LLR, would make them differ).  Control: with noise-free releases of
     the true values the outputs do differ."""
-    original = base.grid_release
+    original = gate.grid_release
 
     def outputs(release):
         patch_releases(monkeypatch, release)

@@ -13,6 +13,7 @@ from jax import random
 from scipy import stats
 
 from numpyro_dp.accounting import epsilon_spent
+from numpyro_dp.primitives import release as gate
 from numpyro_dp.releases import linreg as lr
 from numpyro_dp.releases import mechanisms as mech
 
@@ -206,8 +207,8 @@ def test_sensitivity_holds_as_computed(monkeypatch):
     """Noise-free releases (grid_release at scale 0, rounding to the grid kept) of
     neighbours differ by at most the charged sensitivity; here X^T y moves by
     2 x_bound y_bound, its own sensitivity, exactly (the joint bound is not attained)."""
-    grid_release = mech.grid_release
-    monkeypatch.setattr(mech, "grid_release", lambda key, hi, lo, scale, quantum, noise:
+    grid_release = gate.grid_release
+    monkeypatch.setattr(gate, "grid_release", lambda key, hi, lo, scale, quantum, noise:
                         grid_release(key, hi, lo, 0.0, quantum, noise))
     rng, bx, by, iu = np.random.default_rng(1), 1.1, 2.3, np.triu_indices(3)
     for _ in range(10):

@@ -17,6 +17,7 @@ from scipy.stats import norm
 
 import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent
+from numpyro_dp.primitives import release as gate
 from numpyro_dp.primitives.secret import ReproducibleNoiseWarning
 from numpyro_dp.releases import linreg as lr
 from numpyro_dp.releases import mechanisms as mech
@@ -256,7 +257,7 @@ def test_ledger_is_charged_before_anything_is_drawn(name, monkeypatch):
 
     with monkeypatch.context() as patched:
         patched.setattr(mech, "run_secret", refuse)
-        patched.setattr(mech, "grid_release", refuse)
+        patched.setattr(gate, "grid_release", refuse)
         patched.setattr(mech, "row_product_sum", refuse)
         with pytest.raises(ndp.PrivacyBudgetError):
             release(KEY, ledger=ledger)  # epsilon = 1 > 0.5
@@ -278,8 +279,8 @@ def test_gram_sensitivity_holds_as_computed(monkeypatch):
     grid kept) moves by at most the charged sensitivity between neighbours whose
     change attains the nominal one, sqrt(2) x_bound^2, exactly; on this data the
     float64 block products alone move it by ~3e-14 of it more."""
-    grid_release = mech.grid_release
-    monkeypatch.setattr(mech, "grid_release", lambda key, hi, lo, scale, quantum, noise:
+    grid_release = gate.grid_release
+    monkeypatch.setattr(gate, "grid_release", lambda key, hi, lo, scale, quantum, noise:
                         grid_release(key, hi, lo, 0.0, quantum, noise))
     rng, bx, iu = np.random.default_rng(0), 1.1, np.triu_indices(3)
     for _ in range(20):

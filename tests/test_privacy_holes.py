@@ -24,8 +24,9 @@ import pytest
 from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
-from numpyro_dp.kernels.base import clipped_sum_sensitivity, release_clipped_sum
-from numpyro_dp.primitives.rounding import exact_sum, noise_scale
+from numpyro_dp.primitives import release as gate
+from numpyro_dp.primitives.release import clipped_sum_sensitivity, release_clipped_sum
+from numpyro_dp.primitives.rounding import exact_sum, grid_quantum, grid_sensitivity, noise_scale
 from numpyro_dp.primitives.secret import ReproducibleNoiseWarning
 
 N = 601
@@ -357,16 +358,16 @@ def test_9_a_multiplier_cast_to_float32_still_draws_the_charged_noise(monkeypatc
                                    jnp.float32), float)
     assert np.all(scale >= z * np.float32(sensitivity).astype(float))
     drawn = []
-    monkeypatch.setattr(tuning, "grid_release",
+    monkeypatch.setattr(gate, "grid_release",
                         lambda key, hi, lo, scale, quantum: drawn.append(scale) or hi)
     spacing = float(np.spacing(np.float32(3.0)))
     z_low = 3.0 + 0.49 * spacing  # the float32 cast rounds it down to 3
     values = jnp.asarray(rng.uniform(0.0, 4.0, 300), jnp.float32)
     tuning.release_histogram(jax.random.PRNGKey(0), values, jnp.float32(z_low), "substitute")
     sigma0 = z_low * tuning.histogram_sensitivity("substitute")
-    quantum = float(tuning.grid_quantum(300, sigma0, jnp.float32))
+    quantum = float(grid_quantum(300, sigma0, jnp.float32))
     charged = tuning.histogram_sensitivity("substitute") + float(
-        tuning.grid_sensitivity(quantum, tuning.SCALE_GRID.size + 1))
+        grid_sensitivity(quantum, tuning.SCALE_GRID.size + 1))
     assert float(drawn[0]) >= z_low * charged
 
 

@@ -18,6 +18,7 @@ import pytest
 from jax import random
 
 import numpyro_dp as ndp
+from numpyro_dp.primitives import release as gate
 from numpyro_dp.releases import linreg as lr
 from numpyro_dp.releases import mechanisms as mech
 
@@ -123,8 +124,8 @@ def adversarial_holders(n=999, J=3):
 
 def noise_free(monkeypatch):
     """Releases at noise 0 with the grid rounding kept (the value as computed)."""
-    grid_release = mech.grid_release
-    monkeypatch.setattr(mech, "grid_release", lambda key, hi, lo, scale, quantum, noise:
+    grid_release = gate.grid_release
+    monkeypatch.setattr(gate, "grid_release", lambda key, hi, lo, scale, quantum, noise:
                         grid_release(key, hi, lo, 0.0, quantum, noise))
 
 

@@ -45,14 +45,9 @@ from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.gradients import minibatch
+from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import (
     exact_sum,
-    exact_sum_error,
-    grid_quantum,
-    grid_release,
-    grid_sensitivity,
-    noise_scale,
-    row_quantum,
     sum_levels,
 )
 from numpyro_dp.primitives.sharding import chains_split, over_row_shards
@@ -163,78 +158,6 @@ def log_prior(pm: PrivateModel, z: dict, model_args: tuple, model_kwargs: dict) 
     return pm.log_density_terms(z, model_args, model_kwargs).prior
 
 
-def clipped_sum_sensitivity(
-    num_terms: int, row_bound, sensitivity_factor: float, dim: int, sigma, dtype
-):
-    """``(Delta, q)``: sensitivity of a released sum *as computed*, and its grid step.
-
-    ``num_terms`` rows, each of l2 norm at most ``row_bound``, are rounded one
-    by one to :func:`~numpyro_dp.primitives.rounding.row_quantum` (a row then has norm at
-    most ``row_bound + sqrt(dim) q_row / 2``) and summed by
-    :func:`~numpyro_dp.primitives.rounding.exact_sum` (error at most ``E``,
-    :func:`~numpyro_dp.primitives.rounding.exact_sum_error`); the release rounds the sum to
-    the grid ``q`` of :func:`~numpyro_dp.primitives.rounding.grid_quantum` (its magnitude
-    and a noise of standard deviation about ``sigma``), which adds at most
-    ``sqrt(dim) q`` (both data sets).  So
-    ``Delta = factor (row_bound + sqrt(dim) q_row / 2) + 2 E + sqrt(dim) q``.
-    The one formula that both a release and its accountant use.
-    """
-    q_row = row_quantum(row_bound, num_terms, dtype)
-    quantum = grid_quantum(num_terms * row_bound, sigma, dtype)
-    rows = sensitivity_factor * (row_bound + math.sqrt(dim) * q_row / 2)
-    error = exact_sum_error(num_terms, row_bound, dtype)
-    return rows + 2.0 * error + grid_sensitivity(quantum, dim), quantum
-
-
-def release_clipped_sum(
-    key: jax.Array,
-    total: tuple[jax.Array, jax.Array],
-    num_terms: int,
-    row_bound,
-    *,
-    noise_multiplier,
-    sensitivity_factor: float,
-) -> tuple[jax.Array, jax.Array]:
-    """The Gaussian release of a sum of clipped rows, and its noise standard deviation.
-
-    Parameters
-    ----------
-    key : jax.random key
-        A secret noise key (:func:`numpyro_dp.primitives.secret.noise_key`).
-    total : (hi, lo)
-        :func:`~numpyro_dp.primitives.rounding.exact_sum` of ``num_terms`` rows (zeros for
-        padded rows), each of l2 norm at most ``row_bound``.
-    noise_multiplier : float
-        ``z``: the noise is ``sigma = z * Delta`` with ``Delta`` the
-        sensitivity as computed (:func:`clipped_sum_sensitivity`), rounded up.
-
-    Every Gaussian mechanism of the full-data and gradient kernels goes
-    through here (the stochastic-gradient kernels' noise is fixed by their
-    dynamics: :func:`release_sum_with_noise`).
-    """
-    hi, lo = total
-    dtype = hi.dtype
-    nominal = noise_multiplier * sensitivity_factor * row_bound
-    sensitivity, quantum = clipped_sum_sensitivity(
-        num_terms, row_bound, sensitivity_factor, max(1, hi.size), nominal, dtype
-    )
-    sigma = noise_scale(noise_multiplier, sensitivity, dtype)
-    return grid_release(key, hi, lo, sigma, quantum), sigma
-
-
-def release_sum_with_noise(
-    key: jax.Array, total: tuple[jax.Array, jax.Array], num_terms: int, row_bound, sigma
-) -> jax.Array:
-    """:func:`release_clipped_sum` for a noise ``sigma`` fixed by other means.
-
-    Its noise multiplier is ``sigma / Delta`` with ``Delta`` from
-    :func:`clipped_sum_sensitivity` at the same ``sigma`` (the accountant's side).
-    """
-    hi, lo = total
-    _, quantum = clipped_sum_sensitivity(num_terms, row_bound, 1.0, 1, sigma, hi.dtype)
-    return grid_release(key, hi, lo, sigma, quantum)
-
-
 def release_llr(
     key: jax.Array,
     ratio: jax.Array,
@@ -249,10 +172,11 @@ def release_llr(
 
     ``sigma = z * Delta`` with ``Delta`` about ``sensitivity_factor * clip``:
     one row moves the clipped sum by at most that much (plus the rounding that
-    :func:`clipped_sum_sensitivity` charges).  ``clip_ratios`` keeps every term
-    within ``[-clip, clip]``.  ``num_terms`` is ``n`` when ``ratio`` holds
-    padded rows (exact zeros, :class:`~numpyro_dp.model.layout.RowLayout`); the
-    sum runs where the rows live (:func:`~numpyro_dp.primitives.sharding.over_row_shards`).
+    :func:`~numpyro_dp.primitives.release.clipped_sum_sensitivity` charges).
+    ``clip_ratios`` keeps every term within ``[-clip, clip]``.  ``num_terms`` is
+    ``n`` when ``ratio`` holds padded rows (exact zeros,
+    :class:`~numpyro_dp.model.layout.RowLayout`); the sum runs where the rows
+    live (:func:`~numpyro_dp.primitives.sharding.over_row_shards`).
     """
     levels = sum_levels(noise_multiplier * sensitivity_factor, ratio.dtype)
     n = ratio.shape[0] if num_terms is None else num_terms

@@ -50,13 +50,13 @@ from numpyro_dp.kernels.base import (
     keyword_arguments,
     penalty_test,
     phase_mean,
-    release_clipped_sum,
     release_llr,
     warmup_adapter,
 )
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
+from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.secret import noise_key
 

@@ -63,12 +63,9 @@ from numpyro_dp.kernels.base import (
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
+from numpyro_dp.primitives.release import release_on_grid
 from numpyro_dp.primitives.rounding import (
     exact_sum_error,
-    grid_quantum,
-    grid_release,
-    grid_sensitivity,
-    noise_scale,
     row_quantum,
     sum_levels,
     unit_roundoff,
@@ -212,10 +209,8 @@ def release_batch_sums(
     value, sensitivity = batch_llr_value(sums, b, clip, scale, sensitivity_factor)
     c1 = clip + row_quantum(clip, b, value.dtype) / 2
     magnitude = scale * b * c1 + scale**2 * b * c1**2
-    quantum = grid_quantum(magnitude, noise_multiplier * sensitivity, value.dtype)
-    sensitivity = sensitivity + grid_sensitivity(quantum, 1)
-    sigma = noise_scale(noise_multiplier, sensitivity, value.dtype)
-    return grid_release(key, value, jnp.zeros_like(value), sigma, quantum), sigma
+    return release_on_grid(key, value, jnp.zeros_like(value), noise_multiplier=noise_multiplier,
+                           sensitivity=sensitivity, dim=1, magnitude=magnitude)
 
 
 def dp_penalty(

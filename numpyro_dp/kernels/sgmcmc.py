@@ -50,10 +50,8 @@ from numpyro_dp.kernels.base import (
     DPKernel,
     carries_info,
     check_positive,
-    clipped_sum_sensitivity,
     extends,
     keyword_arguments,
-    release_sum_with_noise,
 )
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
@@ -63,6 +61,7 @@ from numpyro_dp.primitives.batching import (
     sample_without_replacement,
 )
 from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
+from numpyro_dp.primitives.release import clipped_sum_sensitivity, release_sum_with_noise
 from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.secret import noise_key
 
@@ -76,7 +75,7 @@ Z_GRID_RATIO = 1.01
 Z_ROUNDING_MARGIN = 1e-5
 
 
-#: :func:`~numpyro_dp.kernels.base.clipped_sum_sensitivity` for the accountant, on the
+#: :func:`~numpyro_dp.primitives.release.clipped_sum_sensitivity` for the accountant, on the
 #: host: compiled once per public configuration (its jnp operations one by one took
 #: 0.1 s a call, and a budget check makes a dozen).
 _host_sensitivity = jax.jit(clipped_sum_sensitivity, static_argnums=(0, 2, 3, 5))
@@ -154,7 +153,7 @@ def noisy_gradient_fn(
     ``s = sum_noise(eta)``: the dynamics' own noise, moved in front of the
     factor that multiplies ``G`` in the update, so ``c(eta) G_hat`` has exactly
     the update's ``N(0, noise_scale(eta)^2)``.  One subsampled Gaussian release
-    (:func:`~numpyro_dp.kernels.base.release_sum_with_noise`); batch and noise
+    (:func:`~numpyro_dp.primitives.release.release_sum_with_noise`); batch and noise
     come from the run secret.  Its cost per call depends on ``batch_size``
     (Poisson: the buffer), not on ``n``.
     """
@@ -372,7 +371,7 @@ class _StochasticGradientKernel(DPKernel):
         """``z`` of one step with step size ``eta`` (rounded down: never understated).
 
         ``sigma / Delta`` with ``Delta`` the sensitivity of the sum as computed
-        (:func:`~numpyro_dp.kernels.base.clipped_sum_sensitivity`: clipping,
+        (:func:`~numpyro_dp.primitives.release.clipped_sum_sensitivity`: clipping,
         summation and grid rounding), in the working precision.
         """
         n = self._rows_for_event(num_rows)

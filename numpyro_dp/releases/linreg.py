@@ -55,9 +55,9 @@ from numpyro_dp.accounting import (
     check_neighbourhood,
 )
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
+from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.releases.mechanisms import (
     U64,
-    GridPlan,
     Release,
     check_bound,
     clip_rows,
@@ -65,7 +65,6 @@ from numpyro_dp.releases.mechanisms import (
     gaussian_noise_multiplier,
     gram_plan,
     gram_sensitivity,
-    grid_plan,
     planned_rows,
     release_entry,
     row_product_error,
@@ -124,7 +123,7 @@ def linreg_plan(
     neighbourhood: str,
     with_yty: bool = True,
 ) -> GridPlan:
-    """:class:`~numpyro_dp.releases.mechanisms.GridPlan` of one holder's :func:`linreg_statistic`.
+    """:class:`~numpyro_dp.primitives.release.GridPlan` of one holder's :func:`linreg_statistic`.
 
     ``num_rows`` is what the release is sized for
     (:func:`~numpyro_dp.releases.mechanisms.planned_rows`: n, or the public

@@ -20,7 +20,7 @@ a private analysis).  A bound computed from the data is the caller's
 responsibility: it makes the noise scale a statistic of the rows.
 
 Floating point (Mironov 2012).  Every release goes through :func:`secret_release`
-and a :class:`GridPlan`:
+and a :class:`~numpyro_dp.primitives.release.GridPlan`:
 
 * the noise key is :func:`~numpyro_dp.primitives.secret.noise_key` of a fresh 64-bit
   secret from the operating system at the user's (public) key, so the key
@@ -30,8 +30,9 @@ and a :class:`GridPlan`:
   double-word arithmetic (:func:`row_product_sum`), and the charged
   sensitivity covers the value *as computed*: twice the computation's error
   bound and the rounding to the release grid are added to the stated
-  sensitivity before the noise is scaled to it (:func:`grid_plan`), so the
-  ledger's noise multiplier is exactly what the accountant charges;
+  sensitivity before the noise is scaled to it (the release gate,
+  :func:`~numpyro_dp.primitives.release.grid_plan`), so the ledger's noise
+  multiplier is exactly what the accountant charges;
 * the noise is added by :func:`~numpyro_dp.primitives.rounding.grid_release`: the
   statistic is rounded to a power-of-two grid, noise rounded to the same grid
   is added in exact integer arithmetic, and the result is rounded to a cell
@@ -71,14 +72,10 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
 from numpyro_dp.primitives.gradients import vector_clip_bound
+from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.primitives.rounding import (
-    as_numpy_float64,
     dw_sum,
     dw_sum_error,
-    grid_quantum,
-    grid_release,
-    grid_sensitivity,
-    noise_scale,
     unit_roundoff,
 )
 from numpyro_dp.primitives.secret import noise_key, run_secret
@@ -195,80 +192,6 @@ def secret_release(
     secret = run_secret(rng_key, entry.reproducible_noise, what)
     with jax.enable_x64(True):
         return draw(noise_key(jnp.asarray(secret), rng_key))
-
-
-class GridPlan(NamedTuple):
-    """How one statistic is released on a grid (``grid_release``).
-
-    Attributes
-    ----------
-    scale : float
-        Noise standard deviation (Gaussian) or scale ``b`` (Laplace):
-        ``noise_multiplier * sensitivity``, rounded up.
-    quantum : float
-        The power-of-two grid step ``q`` the statistic is rounded to.
-    noise : {"gaussian", "laplace"}
-    """
-
-    scale: float
-    quantum: float
-    noise: str
-
-    def release(self, key: jax.Array, hi, lo=None) -> np.ndarray:
-        """The release of the statistic ``hi + lo`` (a double-word pair; ``lo`` 0 by default).
-
-        Call under ``jax.enable_x64(True)`` (:func:`secret_release` does).
-        """
-        hi = jnp.asarray(hi, jnp.float64)
-        lo = jnp.zeros_like(hi) if lo is None else jnp.asarray(lo, jnp.float64)
-        release = jax.jit(grid_release, static_argnames="noise")  # compiled once per shape
-        return as_numpy_float64(release(key, hi, lo, self.scale, self.quantum, noise=self.noise))
-
-
-def grid_plan(
-    noise_multiplier: float,
-    sensitivity: float,
-    dim: int,
-    *,
-    magnitude: float = 0.0,
-    error: float = 0.0,
-    noise: str = "gaussian",
-) -> GridPlan:
-    """The grid and noise scale of a release whose sensitivity holds as computed.
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        ``z``: the noise scale is ``z`` times the sensitivity as computed, so
-        that the ledger's ``GaussianDpEvent(z)`` (``LaplaceDpEvent(z)``) is
-        exactly what the release spends.
-    sensitivity : float
-        l2 (Gaussian) or l1 (Laplace) sensitivity of the exact statistic, for
-        rows within the bounds *as computed* (see :func:`computed_bound`).
-    dim : int
-        Number of released coordinates.
-    magnitude : float
-        Public bound on ``|coordinate|`` of a double-word statistic (from the
-        a-priori bounds and n, never from the data).  0 for a float64 value
-        (``lo = 0``), whose rounding and noise addition are exact at any size.
-    error : float
-        Bound on the norm of (statistic as computed - exact statistic).
-    noise : {"gaussian", "laplace"}
-
-    Returns
-    -------
-    GridPlan
-        With ``q = grid_quantum(magnitude, z * sensitivity, float64)`` and
-        scale ``z`` times the sensitivity as computed, ``sensitivity + 2 error
-        + grid_sensitivity(q, dim)`` (l2 or l1), times ``1 + 8u`` for the
-        rounding of these products.
-    """
-    with jax.enable_x64(True):
-        quantum = float(grid_quantum(magnitude, noise_multiplier * sensitivity, jnp.float64))
-    norm = "l2" if noise == "gaussian" else "l1"
-    computed = sensitivity + 2.0 * error + grid_sensitivity(quantum, dim, norm)
-    scale = noise_scale(noise_multiplier, computed, np.float64)
-    return GridPlan(scale, quantum, noise)
 
 
 def computed_bound(bound: float, dim: int) -> float:

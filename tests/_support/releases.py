@@ -5,16 +5,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-import numpyro_dp.kernels.base as base
+import numpyro_dp.primitives.release as gate
 
 
 def patch_releases(monkeypatch, release):
     """Route every Gaussian release of the full-data kernels through ``release``.
 
     ``grid_release(key, hi, lo, sigma, quantum)`` adds the noise of every
-    release (:mod:`numpyro_dp.primitives.rounding`).
+    release, at the release gate (:mod:`numpyro_dp.primitives.release`).
     """
-    monkeypatch.setattr(base, "grid_release", release)
+    monkeypatch.setattr(gate, "grid_release", release)
 
 
 def counting_release(monkeypatch):
@@ -23,7 +23,7 @@ def counting_release(monkeypatch):
     sigma is in units of the released sum (before the temperature multiplies it).
     """
     log = []
-    original = base.grid_release
+    original = gate.grid_release
 
     def record(kind, sigma):
         log.append((kind, float(sigma)))
