@@ -51,6 +51,7 @@ from numpyro_dp.kernels import (
     DPPenaltyInfo,
     DPPenaltyState,
     DPSGInfo,
+    DPSGNHTState,
     DPSGState,
 )
 from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
@@ -91,6 +92,7 @@ __all__ = [
     "DPSGLD",
     "DPSGNHT",
     "DPSGInfo",
+    "DPSGNHTState",
     "DPSGState",
     "LedgerCorruptedError",
     "LedgerKeyError",

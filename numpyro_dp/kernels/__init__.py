@@ -11,7 +11,14 @@ from numpyro_dp.kernels.penalty import (
     DPPenaltyState,
     dp_penalty,
 )
-from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT, DPSGInfo, DPSGState
+from numpyro_dp.kernels.sgmcmc import (
+    DPSGHMC,
+    DPSGLD,
+    DPSGNHT,
+    DPSGInfo,
+    DPSGNHTState,
+    DPSGState,
+)
 
 __all__ = [
     "DPHMC",
@@ -30,6 +37,7 @@ __all__ = [
     "DPPenaltyInfo",
     "DPPenaltyState",
     "DPSGInfo",
+    "DPSGNHTState",
     "DPSGState",
     "dp_barker",
     "dp_hmc",

@@ -8,10 +8,11 @@ that additionally
   sampling and accounting cannot drift apart;
 * keeps its carry (``State``, what the next iteration needs) apart from the
   diagnostics of the last transition (``Info``: the noisy acceptance
-  probability, the decision, divergence, step size), as BlackJAX does: the
-  state's ``info`` field holds the Info, and :func:`carries_info` makes each
-  Info field readable on the state, so NumPyro's ``extra_fields`` work as for
-  its own kernels;
+  probability, the decision, divergence, step size).  BlackJAX returns the two
+  side by side; NumPyro's kernel contract (``sample`` returns one state)
+  forces the Info inside the State instead: the state's ``info`` field holds
+  it, and :func:`carries_info` makes each Info field readable on the state, so
+  NumPyro's ``extra_fields`` work as for its own kernels;
 * is private-safe by construction: State and Info hold only released values
   and their post-processing (never an exact log-density, gradient, clip count
   or batch statistic), and :attr:`DPKernel.private_safe_fields` is exactly

@@ -29,8 +29,9 @@ Each step is one subsampled Gaussian release: ``num_steps`` per iteration.
 Step sizes are constant or ``eta_t = step_size * t^(-1/3)`` (iteration
 ``t = 1, 2, ...``, warm-up included), so ``z_t`` grows with ``t`` and
 :meth:`run_event` charges iterations ``start .. start + k - 1`` at their own
-``z_t``.  The state holds only the parameters, momenta and thermostat, which
-are post-processing of the released noisy updates.
+``z_t``.  The state holds only the parameters (and DP-SGNHT's momentum and
+thermostat, the only dynamics that carry them over), which are
+post-processing of the released noisy updates.
 """
 
 from __future__ import annotations
@@ -95,9 +96,31 @@ class DPSGInfo(NamedTuple):
 
 @carries_info(DPSGInfo)
 class DPSGState(NamedTuple):
-    """State of the stochastic-gradient kernels; every field is safe to publish.
+    """State of DP-SGLD and DP-SGHMC; every field is safe to publish.
 
-    ``state.step_size`` is ``state.info.step_size``.
+    ``state.step_size`` is ``state.info.step_size``.  Neither carries a
+    momentum between iterations (DP-SGHMC draws it afresh each time).
+
+    Attributes
+    ----------
+    i : int
+        Iteration counter (warm-up included); iteration ``t = i + 1`` is next.
+    z : dict
+        Current point in unconstrained space.
+    info : DPSGInfo
+        The last iteration.
+    rng_key : jax.random key
+    """
+
+    i: jax.Array
+    z: dict
+    info: DPSGInfo
+    rng_key: jax.Array
+
+
+@carries_info(DPSGInfo)
+class DPSGNHTState(NamedTuple):
+    """State of DP-SGNHT; every field is safe to publish.
 
     Attributes
     ----------
@@ -108,9 +131,9 @@ class DPSGState(NamedTuple):
     info : DPSGInfo
         The last iteration.
     momentum : array
-        Momentum after the last step (zeros for DP-SGLD).
+        Momentum after the last step (post-processing of the releases).
     thermostat : float
-        Nose-Hoover thermostat ``xi`` (DP-SGNHT; 0 otherwise).
+        Nose-Hoover thermostat ``xi``.
     rng_key : jax.random key
     """
 
@@ -193,29 +216,34 @@ def _sg_core(
     step_size: float,
     schedule: str,
     num_steps: int,
-    resample_momentum: bool,
-    thermostat: float,
+    momentum: str,
     grad_kwargs: dict,
+    thermostat: float = 0.0,
 ) -> tuple[Callable, Callable]:
     """Shared loop of the three kernels; ``move`` is one step of the dynamics.
 
     ``move(theta, p, xi, eta, key, grad, prior_grad) -> (theta, p, xi)`` with
-    ``grad(theta, key)`` the released minibatch estimate ``G_hat``.
+    ``grad(theta, key)`` the released minibatch estimate ``G_hat``.  ``momentum``:
+    ``"none"`` (DP-SGLD), ``"fresh"`` (drawn each iteration: DP-SGHMC) or
+    ``"carried"`` between iterations with the thermostat, which starts at
+    ``thermostat`` (DP-SGNHT: :class:`DPSGNHTState`).
     """
     pm = private_model
     dim = pm.num_params
     noisy_gradient = noisy_gradient_fn(pm, step_size=step_size, **grad_kwargs)
+    carried = momentum == "carried"
 
     def init_fn(init_params: dict, rng_key):
         theta = pm.ravel(init_params)
         rng_key, key_p = random.split(rng_key)
-        p = random.normal(key_p, (dim,), theta.dtype) if thermostat else jnp.zeros(dim, theta.dtype)
-        return DPSGState(
-            jnp.array(0), init_params, DPSGInfo(jnp.asarray(step_size, theta.dtype)), p,
-            jnp.asarray(thermostat, theta.dtype), rng_key,
-        )
+        info = DPSGInfo(jnp.asarray(step_size, theta.dtype))
+        if carried:
+            return DPSGNHTState(jnp.array(0), init_params, info,
+                                random.normal(key_p, (dim,), theta.dtype),
+                                jnp.asarray(thermostat, theta.dtype), rng_key)
+        return DPSGState(jnp.array(0), init_params, info, rng_key)
 
-    def sample_fn(state: DPSGState, model_args: tuple, model_kwargs: dict, secret) -> DPSGState:
+    def sample_fn(state, model_args: tuple, model_kwargs: dict, secret):
         rng_key, key_p, key_steps = random.split(state.rng_key, 3)
         theta = pm.ravel(state.z)
         eta = step_size_at(step_size, schedule, (state.i + 1).astype(theta.dtype))
@@ -229,14 +257,22 @@ def _sg_core(
         def grad(t, key):
             return noisy_gradient(t, eta, key, secret, model_args, model_kwargs)
 
-        p = random.normal(key_p, (dim,), theta.dtype) if resample_momentum else state.momentum
+        if carried:
+            p, xi = state.momentum, state.thermostat
+        else:
+            p = (random.normal(key_p, (dim,), theta.dtype) if momentum == "fresh"
+                 else jnp.zeros(dim, theta.dtype))
+            xi = jnp.zeros((), theta.dtype)
         keys = random.split(key_steps, num_steps)
 
         def step(s, carry):
             return move(*carry, eta, keys[s], grad, prior_grad)
 
-        theta, p, xi = lax.fori_loop(0, num_steps, step, (theta, p, state.thermostat))
-        return DPSGState(state.i + 1, pm.unravel(theta), DPSGInfo(eta), p, xi, rng_key)
+        theta, p, xi = lax.fori_loop(0, num_steps, step, (theta, p, xi))
+        info = DPSGInfo(eta)
+        if carried:
+            return DPSGNHTState(state.i + 1, pm.unravel(theta), info, p, xi, rng_key)
+        return DPSGState(state.i + 1, pm.unravel(theta), info, rng_key)
 
     return init_fn, sample_fn
 
@@ -253,7 +289,7 @@ def dp_sgld(private_model: PrivateModel, *, step_size, schedule, **grad_kwargs):
 
     return _sg_core(
         private_model, move, step_size=step_size, schedule=schedule, num_steps=1,
-        resample_momentum=False, thermostat=0.0, grad_kwargs=grad_kwargs,
+        momentum="none", grad_kwargs=grad_kwargs,
     )
 
 
@@ -270,7 +306,7 @@ def dp_sghmc(private_model: PrivateModel, *, step_size, schedule, num_steps, fri
 
     return _sg_core(
         private_model, move, step_size=step_size, schedule=schedule, num_steps=num_steps,
-        resample_momentum=True, thermostat=0.0, grad_kwargs=grad_kwargs,
+        momentum="fresh", grad_kwargs=grad_kwargs,
     )
 
 
@@ -289,7 +325,7 @@ def dp_sgnht(private_model: PrivateModel, *, step_size, schedule, num_steps, dif
 
     return _sg_core(
         private_model, move, step_size=step_size, schedule=schedule, num_steps=num_steps,
-        resample_momentum=False, thermostat=diffusion, grad_kwargs=grad_kwargs,
+        momentum="carried", thermostat=diffusion, grad_kwargs=grad_kwargs,
     )
 
 
@@ -579,6 +615,8 @@ class DPSGNHT(_StochasticGradientKernel):
     Approximate (no accept step); the thermostat absorbs the unknown
     minibatch-gradient noise only as ``eta -> 0``.
 """
+
+    private_safe_fields = DPSGNHTState.published_fields
 
     @keyword_arguments
     @extends(_StochasticGradientKernel)
