@@ -134,10 +134,19 @@ def _leaf_curve(leaf: dpa.DpEvent, orders: np.ndarray) -> np.ndarray:
     )
 
 
-@functools.lru_cache(maxsize=64)
+#: WBK curves kept (4 KiB each at :data:`ORDERS`): more than one batch-size search
+#: visits (:func:`~numpyro_dp.kernels.barker.barker_max_batch_size`: a 60-point grid,
+#: then bisection), so a plan followed by the same search, or a budget check, finds
+#: every curve computed (with 64 a second pass over 81 batch sizes missed every time).
+AMPLIFIED_CURVES = 1024
+
+
+@functools.lru_cache(maxsize=AMPLIFIED_CURVES)
 def _amplified_curve(leaf: dpa.SampledWithoutReplacementDpEvent) -> np.ndarray:
     """The WBK curve of ``leaf`` at :data:`ORDERS`, computed once (read-only): a budget
-    check or a plan asks for the same iteration at many counts."""
+    check or a plan asks for the same iteration at many counts, and dp-accounting's
+    ``compose`` asks twice for each event (``supports``, then the composition).  The
+    key is the event: public sizes and the base mechanism's parameters, no data."""
     q = leaf.sample_size / leaf.source_dataset_size
     curve = wbk_amplify(rdp_curve(leaf.event, ORDERS), q, ORDERS)
     curve.flags.writeable = False
