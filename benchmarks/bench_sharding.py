@@ -89,8 +89,8 @@ def _worker(args) -> dict:
         benches["dphmc"] = (looped(lambda s, a, k: sample_h(s, a, k, secret)),
                             init_h(start, step_size, None, random.PRNGKey(2)))
         init_p, sample_p = dp_penalty(pm, 0, llr_clip=3.0, noise_multiplier=2.0,
-                                      sensitivity_factor=2.0, adapt_proposal_scale=False,
-                                      adapt_covariance=False)
+                                      sensitivity_factor=2.0, adapt_step_size=False,
+                                      adapt_mass_matrix=False)
         benches["dppenalty"] = (looped(lambda s, a, k: sample_p(s, a, k, secret)),
                                 init_p(start, step_size, None, random.PRNGKey(3)))
         results = {}

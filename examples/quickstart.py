@@ -98,8 +98,8 @@ kernel = ndp.DPPenalty(
     # One coordinate per step, keeping its direction while proposals are
     # accepted: moves ballistically towards the posterior during warm-up.
     proposal="guided",
-    adapt_proposal_scale=False,
-    adapt_covariance=False,  # warm-up draws are mostly transit: a poor covariance
+    adapt_step_size=False,
+    adapt_mass_matrix=False,  # warm-up draws are mostly transit: a poor covariance
     # Data-free start: the median of 1000 prior draws (~ the prior median, 0).
     init_strategy=init_to_median(num_samples=1000),
 )

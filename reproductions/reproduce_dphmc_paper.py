@@ -187,7 +187,7 @@ def kernels(problem: Problem) -> dict[str, Callable[[], ndp.DPKernel]]:
         "DPHMC": lambda: ndp.DPHMC(m, **s["hmc"], **noise, **fixed, step_size_jitter=0.99),
         "DPPenalty": lambda: ndp.DPPenalty(
             m, **s["penalty"], noise_multiplier=s["tau_penalty"] * rn,
-            adapt_proposal_scale=False, adapt_covariance=False),
+            adapt_step_size=False, adapt_mass_matrix=False),
         "DPMALA": lambda: ndp.DPMALA(m, **s["mala"], **noise, **fixed),
         "DPSGLD": lambda: ndp.DPSGLD(m, **s["sgld"]),
         "DPSGNHT": lambda: ndp.DPSGNHT(m, **s["sgnht"]),
@@ -318,8 +318,8 @@ def clip_settings(problem: Problem, scale: int):
     m = problem.model
     return [
         ("RWMH", rw[0], lambda c: ndp.DPPenalty(m, llr_clip=c, proposal_scale=rw[0],
-                                                noise_multiplier=tiny, adapt_proposal_scale=False,
-                                                adapt_covariance=False), rw[1] // scale),
+                                                noise_multiplier=tiny, adapt_step_size=False,
+                                                adapt_mass_matrix=False), rw[1] // scale),
         ("HMC", None, lambda c: ndp.DPHMC(m, step_size=hmc[0], num_steps=hmc[1], grad_clip=hmc[2],
                                           llr_clip=c, noise_multiplier_grad=tiny,
                                           noise_multiplier_llr=tiny, adapt_step_size=False,

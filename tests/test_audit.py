@@ -292,7 +292,7 @@ def test_multi_run_audit_of_dppenalty_catches_an_unclipped_canary():
     accept test, so a step's direction tells the data sets apart."""
     data, neighbour = neighbours()
     kernel = ndp.DPPenalty(mean_model, llr_clip=1.0, proposal_scale=0.5, noise_multiplier=1.0,
-                           adapt_proposal_scale=False,
+                           adapt_step_size=False,
                            init_strategy=init_to_value(values={"theta": 0.0}))
     run = {"delta": DELTA, "score": draw_score, "num_runs": 4000, "reproducible_noise": True}
     sound = audit.multi_run(kernel, data, neighbour, **run)

@@ -49,7 +49,7 @@ class _nothing:
 def test_init_params_are_honoured_and_never_searched_on_data(data):
     X, y = data
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, noise_multiplier=1e6,
-                           proposal_scale=1e-3, adapt_proposal_scale=False)
+                           proposal_scale=1e-3, adapt_step_size=False)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=0, num_samples=3, delta=1e-6, progress_bar=False)
     start = {"w": np.array([0.3, -0.2], np.float32)}
     mcmc.run(jax.random.PRNGKey(0), X, y=y, init_params=start)

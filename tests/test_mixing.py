@@ -90,7 +90,7 @@ def test_a_constant_deterministic_site_is_not_a_frozen_chain():
     # A fixed random-walk scale near the optimum (acceptance about 0.3, ESS about 650):
     # this test is about the constant site, not about warm-up tuning.
     kernel = ndp.DPPenalty(model, llr_clip=1.0, proposal_scale=0.3, noise_multiplier=1e-3,
-                           adapt_proposal_scale=False, adapt_covariance=False)
+                           adapt_step_size=False, adapt_mass_matrix=False)
     mcmc = ndp.PrivateMCMC(kernel, num_warmup=500, num_samples=4000, num_chains=2, delta=1e-5,
                            progress_bar=False, chain_method="vectorized")
     with warnings.catch_warnings():

@@ -126,6 +126,29 @@ def test_proposal_scale_adapts_in_warmup_then_freezes(logistic_data):
     assert np.all(after == after[0])
 
 
+def test_a_stated_proposal_covariance_is_the_initial_one_in_numpyros_names(logistic_data):
+    """DPPenalty speaks NumPyro's vocabulary (issue 39): ``inverse_mass_matrix`` is the
+    initial proposal covariance, kept when ``adapt_mass_matrix=False``; a wrong shape
+    is refused before anything is charged."""
+    X, y = logistic_data  # 3 unconstrained parameters
+    covariance = np.array([[0.04, 0.01, 0.0], [0.01, 0.09, 0.0], [0.0, 0.0, 0.01]])
+    kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.5,
+                           inverse_mass_matrix=covariance, adapt_mass_matrix=False,
+                           adapt_step_size=False)
+    mcmc = ndp.PrivateMCMC(kernel, num_warmup=5, num_samples=5, epsilon=10.0, delta=1e-6,
+                           warm_start=0, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), X, y=y)
+    adapted = mcmc.last_state.adapt_state
+    np.testing.assert_allclose(adapted.inverse_mass_matrix, covariance, rtol=1e-6)
+    assert float(adapted.step_size) == pytest.approx(0.5)
+    bad = ndp.PrivateMCMC(
+        ndp.DPPenalty(logistic_model, llr_clip=1.0, inverse_mass_matrix=np.ones(2)),
+        num_warmup=1, num_samples=1, epsilon=10.0, delta=1e-6, progress_bar=False)
+    with pytest.raises(ValueError, match=r"inverse_mass_matrix.*\(3,\)"):
+        bad.run(jax.random.PRNGKey(0), X, y=y)
+    assert bad.privacy_spent().num_releases == 0
+
+
 def test_guided_walk_keeps_direction_on_accept_and_flips_on_reject(logistic_data):
     X, y = logistic_data
     kernel = ndp.DPPenalty(logistic_model, llr_clip=1.0, proposal_scale=0.05,

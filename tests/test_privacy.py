@@ -52,7 +52,7 @@ def test_one_step_release_moves_by_at_most_the_sensitivity(data):
     llr_clip, temperature = 1.0, 0.7
     init_fn, sample_fn = dp_penalty(pm, 0, llr_clip=llr_clip, noise_multiplier=1.0,
                                     sensitivity_factor=2.0, temperature=temperature,
-                                    adapt_proposal_scale=False, adapt_covariance=False)
+                                    adapt_step_size=False, adapt_mass_matrix=False)
     keys = jax.random.split(jax.random.PRNGKey(0), 512)
     params = {"w": jax.random.normal(jax.random.PRNGKey(1), (3,))}
     states = jax.vmap(lambda k: init_fn(params, 0.05, None, k))(keys)
@@ -216,8 +216,8 @@ def test_add_remove_neighbourhood_halves_the_noise(data):
     outs = []
     for factor in (2.0, 1.0):
         init_fn, sample_fn = dp_penalty(pm, 0, llr_clip=1.0, noise_multiplier=3.0,
-                                        sensitivity_factor=factor, adapt_proposal_scale=False,
-                                        adapt_covariance=False)
+                                        sensitivity_factor=factor, adapt_step_size=False,
+                                        adapt_mass_matrix=False)
         state = init_fn(params, 0.01, None, jax.random.PRNGKey(0))
         outs.append(sample_fn(state, (X,), {"y": y}, TEST_SECRET))
     add_remove = ndp.DPPenalty(logistic_model, llr_clip=1.0, neighbourhood="add_remove")

@@ -99,7 +99,7 @@ _HMC = {"step_size": 0.5, "grad_clip": 1.0, "llr_clip": 1.0, "noise_multiplier_g
         "noise_multiplier_llr": 1.0, "adapt_step_size": False, "adapt_mass_matrix": False,
         **START}
 _PENALTY = {"llr_clip": 1.0, "proposal_scale": 0.5, "noise_multiplier": 1.0,
-            "adapt_proposal_scale": False, **START}
+            "adapt_step_size": False, **START}
 _SG = {"step_size": 1.0, "grad_clip": 1.0, **START}
 _BOTH = ("substitute", "add_remove")
 

@@ -244,7 +244,7 @@ class DPBarkerState(NamedTuple):
         Current point in unconstrained space.
     info : DPBarkerInfo
         The last transition.
-    acceptance_rate : float
+    mean_accept_prob : float
         Fraction of accepted proposals so far (reset after warm-up): a
         post-processing of the decisions.
     rng_key : jax.random key
@@ -253,7 +253,7 @@ class DPBarkerState(NamedTuple):
     i: jax.Array
     z: dict
     info: DPBarkerInfo
-    acceptance_rate: jax.Array
+    mean_accept_prob: jax.Array
     rng_key: jax.Array
 
 
@@ -305,7 +305,7 @@ def dp_barker(
 
         z = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), z_new, state.z)
         i = state.i
-        rate = phase_mean(state.acceptance_rate, accepted, i, num_warmup)
+        rate = phase_mean(state.mean_accept_prob, accepted, i, num_warmup)
         return DPBarkerState(i + 1, z, DPBarkerInfo(accepted), rate, rng_key)
 
     return init_fn, sample_fn
@@ -415,4 +415,4 @@ class DPBarker(DPKernel):
         )
 
     def get_diagnostics_str(self, state: Any) -> str:
-        return f"acc. rate={state.acceptance_rate:.2f}"
+        return f"acc. rate={state.mean_accept_prob:.2f}"

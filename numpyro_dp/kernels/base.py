@@ -422,6 +422,8 @@ class DPKernel(MCMCKernel):
             row_layout=row_layout,
         )
         self._sample_fn = None
+        if getattr(self, "inverse_mass_matrix", None) is not None:
+            self._mass()  # a stated matrix's shape is checked before any charge
         return self._private_model
 
     def per_iteration_event(
@@ -557,10 +559,31 @@ class DPKernel(MCMCKernel):
         new.configure(noise_multiplier=noise_multiplier, clips=clips)
         return new
 
-    def _metric(self, dense: bool | None, adapt: bool | None, stated, name: str, dtype):
-        """``(dense, adapt, inverse)``: the initial mass matrix (or proposal covariance).
+    def _set_mass(self, inverse_mass_matrix, dense_mass: bool | None,
+                  adapt_mass_matrix: bool | None) -> None:
+        """Check and keep the mass-matrix arguments (DPHMC's; DPPenalty's proposal covariance)."""
+        if dense_mass not in (None, True, False):
+            raise ValueError(
+                f"dense_mass={dense_mass!r} must be True, False or None: "
+                f"{type(self).__name__} uses one (diagonal or dense) mass matrix over all "
+                "flattened unconstrained parameters; NumPyro's per-site blocks are not "
+                "supported."
+            )
+        if isinstance(inverse_mass_matrix, dict):
+            raise ValueError(
+                "inverse_mass_matrix must be one array over the flattened unconstrained "
+                "parameters (1-D for diagonal, 2-D with dense_mass=True), not a dict of "
+                "per-site blocks."
+            )
+        self.inverse_mass_matrix = inverse_mass_matrix
+        self.dense_mass = dense_mass
+        self.adapt_mass_matrix = adapt_mass_matrix
 
-        A matrix the user ``stated`` wins (``dense`` follows its shape when
+    def _mass(self) -> tuple[bool, bool, np.ndarray | None]:
+        """``(dense, adapt, inverse)``: the coming run's initial inverse mass matrix.
+
+        For DPPenalty it is the proposal covariance.  A stated
+        ``inverse_mass_matrix`` wins (``dense_mass`` follows its shape when
         None).  Otherwise the warm start's Laplace covariance, if any: dense
         (when ``dense`` is None) up to :data:`DENSE_PRECONDITIONER_MAX_DIM`
         parameters, and not re-estimated in warm-up (when ``adapt`` is None)
@@ -569,17 +592,19 @@ class DPKernel(MCMCKernel):
         estimate would shrink the steps instead.
         Otherwise the identity (None), adapted as in NumPyro.
         """
+        dense, adapt, stated = self.dense_mass, self.adapt_mass_matrix, self.inverse_mass_matrix
         dim = self._private_model.num_params
         warm = self._preconditioner if stated is None else None
-        dtype = np.dtype(dtype)  # NumPy: public numbers, concrete even while a chain is traced
+        # NumPy: public numbers, concrete even while a chain is traced
+        dtype = np.dtype(jnp.result_type(float))
         if stated is not None:
             stated = np.asarray(stated, dtype)
             dense = stated.ndim == 2 if dense is None else dense
             expected = (dim, dim) if dense else (dim,)
             if stated.shape != expected:
                 raise ValueError(
-                    f"{name} has shape {stated.shape}; with dense={dense} and {dim} "
-                    f"unconstrained parameters it must have shape {expected}."
+                    f"inverse_mass_matrix has shape {stated.shape}; with dense_mass={dense} "
+                    f"and {dim} unconstrained parameters it must have shape {expected}."
                 )
         if dense is None:
             dense = warm is not None and dim <= DENSE_PRECONDITIONER_MAX_DIM

@@ -54,7 +54,6 @@ from numpyro_dp.kernels.base import (
     warmup_adapter,
 )
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
 from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import sum_levels
@@ -463,24 +462,10 @@ class DPHMC(DPKernel):
             raise ValueError(f"step_size_jitter={step_size_jitter!r} must lie in [0, 1).")
         if not 0 < target_accept_prob < 1:
             raise ValueError(f"target_accept_prob={target_accept_prob} must lie in (0, 1).")
-        if dense_mass not in (None, True, False):
-            raise ValueError(
-                f"dense_mass={dense_mass!r} must be True, False or None: DPHMC uses one "
-                "(diagonal or dense) mass matrix over all flattened unconstrained "
-                "parameters; NumPyro's per-site blocks are not supported."
-            )
-        if isinstance(inverse_mass_matrix, dict):
-            raise ValueError(
-                "inverse_mass_matrix must be one array over the flattened unconstrained "
-                "parameters (1-D for diagonal, 2-D with dense_mass=True), not a dict of "
-                "per-site blocks."
-            )
         self.step_size_jitter = None if step_size_jitter is None else float(step_size_jitter)
         self.target_accept_prob = target_accept_prob
-        self.inverse_mass_matrix = inverse_mass_matrix
-        self.dense_mass = dense_mass
+        self._set_mass(inverse_mass_matrix, dense_mass, adapt_mass_matrix)
         self.adapt_step_size = adapt_step_size
-        self.adapt_mass_matrix = adapt_mass_matrix
         if grad_route not in ROUTES:
             raise ValueError(f"grad_route={grad_route!r}; use one of {ROUTES}.")
         self.grad_route = grad_route
@@ -521,22 +506,11 @@ class DPHMC(DPKernel):
         ])
 
     # ------------------------------------------------------------ sampling
-    def prepare(self, model_args: tuple, model_kwargs: dict,
-                row_layout: RowLayout | None = None) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs, row_layout)
-        self._mass()  # a stated inverse_mass_matrix is checked before any charge
-        return pm
-
     def _jitter(self) -> float:
         if self.step_size_jitter is not None:
             return self.step_size_jitter
         warm = self._preconditioner is not None and self.inverse_mass_matrix is None
         return WARM_START_JITTER if warm else 0.0
-
-    def _mass(self):
-        """``(dense, adapt, inverse mass matrix)`` of the coming run."""
-        return self._metric(self.dense_mass, self.adapt_mass_matrix, self.inverse_mass_matrix,
-                            "inverse_mass_matrix", jnp.result_type(float))
 
     def clip_requests(self) -> tuple[ClipRequest, ...]:
         wanted = (("grad_clip", GRAD_CLIP_QUANTILE), ("llr_clip", LLR_CLIP_QUANTILE))

@@ -222,9 +222,9 @@ def dp_penalty(
     sensitivity_factor: float,
     temperature: float = 1.0,
     proposal: str = "random_walk",
-    adapt_proposal_scale: bool = True,
-    adapt_covariance: bool = True,
-    dense_covariance: bool = False,
+    adapt_step_size: bool = True,
+    adapt_mass_matrix: bool = True,
+    dense_mass: bool = False,
     target_accept_prob: float = 0.234,
     batch_size: int | None = None,
 ) -> tuple[Callable, Callable]:
@@ -243,9 +243,9 @@ def dp_penalty(
     dim = pm.num_params
     wa_init, wa_update = warmup_adapter(
         num_warmup,
-        adapt_step_size=adapt_proposal_scale,
-        adapt_mass_matrix=adapt_covariance,
-        dense_mass=dense_covariance,
+        adapt_step_size=adapt_step_size,
+        adapt_mass_matrix=adapt_mass_matrix,
+        dense_mass=dense_mass,
         target_accept_prob=target_accept_prob,
     )
 
@@ -271,9 +271,9 @@ def dp_penalty(
         e = random.normal(key_e, (dim,), theta.dtype)
         if proposal == "random_walk":
             root = a.mass_matrix_sqrt_inv  # root^T root = proposal covariance
-            step = root.T @ e if dense_covariance else root * e
+            step = root.T @ e if dense_mass else root * e
             return a.step_size * step, 0
-        var = jnp.diag(a.inverse_mass_matrix) if dense_covariance else a.inverse_mass_matrix
+        var = jnp.diag(a.inverse_mass_matrix) if dense_mass else a.inverse_mass_matrix
         j = random.randint(key_j, (), 0, dim)
         size = a.step_size * jnp.sqrt(var[j]) * e[0]
         if proposal == "guided":
@@ -371,15 +371,21 @@ class DPPenalty(DPKernel):
     data_plate : str, optional
     init_strategy : callable
         NumPyro init strategy (prior-based; default ``init_to_uniform``).
-    adapt_proposal_scale : bool
-        Tune ``s`` in warm-up by dual averaging on the noisy acceptance
-        probability towards ``target_accept_prob``.
-    adapt_covariance : bool, optional
+    adapt_step_size : bool
+        Tune the proposal scale ``s`` (the random walk's step size) in warm-up
+        by dual averaging on the noisy acceptance probability towards
+        ``target_accept_prob``.
+    inverse_mass_matrix : array, optional
+        Initial proposal covariance over the flattened unconstrained
+        parameters (1-D for diagonal, 2-D for dense), NumPyro's name for it.
+        By default the covariance of the private warm start's Laplace
+        approximation when there is one, else the identity.
+    adapt_mass_matrix : bool, optional
         Estimate the proposal covariance from warm-up draws (NumPyro's
         windows).  By default only when there is no private warm start: its
         Laplace covariance is the initial proposal covariance, and chains that
         noise keeps from moving would estimate one that shrinks every step.
-    dense_covariance : bool, optional
+    dense_mass : bool, optional
         Dense rather than diagonal proposal covariance; by default dense for
         the warm start's covariance up to 50 parameters, else diagonal.
     target_accept_prob : float, optional
@@ -414,9 +420,10 @@ class DPPenalty(DPKernel):
         neighbourhood: str = "substitute",
         data_plate: str | None = None,
         init_strategy: Callable = init_to_uniform,
-        adapt_proposal_scale: bool = True,
-        adapt_covariance: bool | None = None,
-        dense_covariance: bool | None = None,
+        adapt_step_size: bool = True,
+        inverse_mass_matrix: Any = None,
+        adapt_mass_matrix: bool | None = None,
+        dense_mass: bool | None = None,
         target_accept_prob: float | None = None,
     ):
         super().__init__(
@@ -445,9 +452,8 @@ class DPPenalty(DPKernel):
         if not 0 < target_accept_prob < 1:
             raise ValueError(f"target_accept_prob={target_accept_prob} must lie in (0, 1).")
         self.target_accept_prob = target_accept_prob
-        self.adapt_proposal_scale = adapt_proposal_scale
-        self.adapt_covariance = adapt_covariance
-        self.dense_covariance = dense_covariance
+        self.adapt_step_size = adapt_step_size
+        self._set_mass(inverse_mass_matrix, dense_mass, adapt_mass_matrix)
 
     def per_iteration_event(
         self, noise_multiplier: float | None = None, num_rows: int | None = None
@@ -467,7 +473,7 @@ class DPPenalty(DPKernel):
         if self.proposal_scale is not None:
             return self.proposal_scale
         pm = self._private_model
-        trace, largest = self._metric_scales(self._covariance()[2], pm.num_params)
+        trace, largest = self._metric_scales(self._mass()[2], pm.num_params)
         noise_per_unit_step = (
             self._noise_for_event(None) * self.sensitivity_factor * self.llr_clip
             * self.temperature
@@ -480,18 +486,13 @@ class DPPenalty(DPKernel):
         reach = math.sqrt(trace if self.proposal == "random_walk" else largest)
         return min(h / reach, MAX_DEFAULT_SCALE)
 
-    def _covariance(self):
-        """``(dense, adapt, initial proposal covariance)`` of the coming run."""
-        return self._metric(self.dense_covariance, self.adapt_covariance, None,
-                            "proposal covariance", jnp.result_type(float))
-
     def _core(self, num_warmup: int, public: dict | None = None):
         if self.llr_clip is None:
             raise RuntimeError(
                 "DPPenalty has no llr_clip: state one, or run it through PrivateMCMC "
                 "with a budget (it chooses the clip privately)."
             )
-        dense, adapt, covariance = self._covariance()
+        dense, adapt, covariance = self._mass()
         init_fn, sample_fn = dp_penalty(
             self._private_model,
             num_warmup,
@@ -500,9 +501,9 @@ class DPPenalty(DPKernel):
             sensitivity_factor=self.sensitivity_factor,
             temperature=self.temperature,
             proposal=self.proposal,
-            adapt_proposal_scale=self.adapt_proposal_scale,
-            adapt_covariance=adapt,
-            dense_covariance=dense,
+            adapt_step_size=self.adapt_step_size,
+            adapt_mass_matrix=adapt,
+            dense_mass=dense,
             target_accept_prob=self.target_accept_prob,
             batch_size=self.batch_size,
         )
