@@ -31,7 +31,8 @@ from numpyro_dp.accounting import (
     max_iterations,
 )
 from numpyro_dp.accounting.keyring import LedgerKeyError
-from numpyro_dp.accounting.ledger import LedgerCorruptedError, PrivacyLedger, PrivacySpent
+from numpyro_dp.accounting.ledger import PrivacyLedger, PrivacySpent
+from numpyro_dp.accounting.ledger_file import LedgerCorruptedError
 from numpyro_dp.evaluation import diagnostics, models
 from numpyro_dp.inference_data import to_datatree, to_inference_data
 from numpyro_dp.kernels import (

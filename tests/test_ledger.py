@@ -24,8 +24,9 @@ from jax import random
 import numpyro_dp as ndp
 from numpyro_dp import accounting as acc
 from numpyro_dp.accounting import lower_bound
+from numpyro_dp.accounting.entry import LedgerEntry, event_from_json, event_to_json
 from numpyro_dp.accounting.keyring import LedgerKey, default_key_path
-from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, event_from_json, event_to_json
+from numpyro_dp.accounting.ledger import PrivacyLedger
 from numpyro_dp.accounting.rdp import BarkerDpEvent
 from numpyro_dp.releases import mechanisms as mech
 
@@ -511,7 +512,7 @@ WORKER = """
     import sys
     from dp_accounting import GaussianDpEvent
     from numpyro_dp import PrivacyBudgetError, PrivacyLedger
-    from numpyro_dp.accounting.ledger import LedgerEntry
+    from numpyro_dp.accounting.entry import LedgerEntry
     ledgers = [PrivacyLedger.open(p) for p in sys.argv[1:]]
     print("ready", flush=True)
     sys.stdin.readline()
@@ -563,7 +564,7 @@ def test_a_killed_process_leaves_its_charge_exactly_once(tmp_path):
         import time
         from dp_accounting import GaussianDpEvent
         from numpyro_dp import PrivacyLedger
-        from numpyro_dp.accounting.ledger import LedgerEntry
+        from numpyro_dp.accounting.entry import LedgerEntry
         PrivacyLedger.open({str(path)!r}).charge(
             LedgerEntry("DPPenalty", "sample", 1, 1, GaussianDpEvent(32.0)))
         time.sleep(120)  # the iterations the charge paid for
@@ -614,7 +615,7 @@ def test_ledgers_pickle_without_their_key(tmp_path, ledger_keys):
 
 
 def test_file_ledgers_need_posix_locks(tmp_path, monkeypatch):
-    monkeypatch.setattr("numpyro_dp.accounting.ledger.fcntl", None)
+    monkeypatch.setattr("numpyro_dp.accounting.ledger.FILE_LOCKING", False)
     with pytest.raises(NotImplementedError, match="fcntl"):
         PrivacyLedger.open(tmp_path / "ledger.jsonl", delta=DELTA)
     assert not (tmp_path / "ledger.jsonl").exists()

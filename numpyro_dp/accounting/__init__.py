@@ -29,6 +29,8 @@ Layout
 * :mod:`~numpyro_dp.accounting.lower_bound`: a fast, provable lower bound on
   epsilon, which refuses a run clearly over its budget before any PLD;
 * :mod:`numpyro_dp.accounting.ledger`: what has been charged, and the budget;
+  :mod:`~numpyro_dp.accounting.entry`: its entries and their events as JSON;
+  :mod:`~numpyro_dp.accounting.ledger_file`: its file (verified, locked, appended);
   :mod:`~numpyro_dp.accounting.keyring`: the key that authenticates ledger files.
 
 Every epsilon returned here is rounded up: the reported figure is never below
@@ -56,6 +58,7 @@ from numpyro_dp.accounting.calibration import (
     calibrate_noise_multiplier,
     max_iterations,
 )
+from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.events import (
     count_releases,
     gaussian_mu,
@@ -72,10 +75,7 @@ from numpyro_dp.accounting.gaussian import (
     rdp_to_epsilon,
     zcdp_to_epsilon,
 )
-
-# The ledger lives in numpyro_dp.accounting.ledger, which imports from this package: the
-# re-export comes last, once everything it needs is defined.
-from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent  # noqa: E402
+from numpyro_dp.accounting.ledger import PrivacyLedger, PrivacySpent
 
 __all__ = [
     "ACCOUNTANTS", "NEIGHBOURHOODS", "AccountantChoice", "AccountantWarning",

@@ -54,7 +54,8 @@ from numpyro_dp.accounting import (
     check_delta_for_rows,
     check_neighbourhood,
 )
-from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
+from numpyro_dp.accounting.entry import LedgerEntry
+from numpyro_dp.accounting.ledger import PrivacyLedger
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.releases.mechanisms import (
     U64,

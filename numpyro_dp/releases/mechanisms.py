@@ -1,7 +1,7 @@
 """One-shot releases of statistics: Gaussian, Laplace, randomized response.
 
 Each mechanism returns a :class:`Release`: the noisy value, its noise scale
-and a :class:`~numpyro_dp.accounting.ledger.LedgerEntry` in the conventions of the
+and a :class:`~numpyro_dp.accounting.entry.LedgerEntry` in the conventions of the
 MCMC kernels, so that a release and a DP-MCMC run can be charged to one
 budget: pass ``ledger=`` (the entry is charged before any noise is drawn),
 then ``PrivateMCMC(..., ledger=ledger)``.  Inference on the release (e.g.
@@ -70,7 +70,8 @@ from numpyro_dp.accounting import (
     check_neighbourhood,
     sensitivity_factor,
 )
-from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
+from numpyro_dp.accounting.entry import LedgerEntry
+from numpyro_dp.accounting.ledger import PrivacyLedger
 from numpyro_dp.primitives.gradients import vector_clip_bound
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.primitives.rounding import (
