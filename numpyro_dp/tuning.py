@@ -57,19 +57,19 @@ from numpyro.infer import init_to_median
 from numpyro_dp.accounting import calibrate_gaussian, sensitivity_factor
 from numpyro_dp.kernels.base import ClipRequest, release_clipped_sum
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.compiled import jit_once
-from numpyro_dp.primitives.gradients import (
-    clipped_grad_and_hessian_sums,
-    row_gradient_scales,
-    row_hessian_norms,
-    vector_clip_bound,
-)
 from numpyro_dp.primitives.rounding import (
     grid_quantum,
     grid_release,
     grid_sensitivity,
     noise_scale,
     sum_levels,
+)
+from numpyro_dp.primitives.row_statistics import (
+    clipped_grad_and_hessian_sums,
+    row_gradient_scales,
+    row_hessian_norms,
 )
 from numpyro_dp.primitives.secret import noise_key
 

@@ -70,7 +70,7 @@ from numpyro_dp.accounting import (
     sensitivity_factor,
 )
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger
-from numpyro_dp.primitives.gradients import vector_clip_bound
+from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.rounding import (
     as_numpy_float64,
     dw_sum,
