@@ -160,7 +160,7 @@ def _worker(args: argparse.Namespace) -> dict:
 
     from numpyro_dp.kernels.hmc import dp_hmc
     from numpyro_dp.model.adapter import PrivateModel
-    from numpyro_dp.primitives.gradients import select_route
+    from numpyro_dp.primitives.route_choice import select_route
     from numpyro_dp.primitives.secret import draw_secret
 
     n, L, K, repeats = args.n, args.num_steps, args.K, args.repeats

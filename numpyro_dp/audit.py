@@ -71,7 +71,7 @@ from numpyro_dp.accounting.ledger import PrivacySpent
 from numpyro_dp.accounting.rdp import ORDERS, BarkerDpEvent, barker_rdp, curve_epsilon, wbk_amplify
 from numpyro_dp.kernels import barker, base, hmc, penalty, sgmcmc
 from numpyro_dp.kernels.base import DPKernel
-from numpyro_dp.primitives import gradients, release, tap
+from numpyro_dp.primitives import clipping, release, tap
 from numpyro_dp.primitives.rounding import exact_sum
 from numpyro_dp.primitives.secret import ReproducibleNoiseWarning, noise_key, run_secret
 
@@ -438,7 +438,7 @@ def clipped_sum_release(
     """White-box audit of the Gaussian release of a sum of clipped rows.
 
     Clips every row as the kernels do (:func:`~numpyro_dp.kernels.base.clip_ratios`
-    for scalar rows, :func:`~numpyro_dp.primitives.gradients.clip_weights` for
+    for scalar rows, :func:`~numpyro_dp.primitives.clipping.clip_weights` for
     vectors), sums, and releases
     through :func:`~numpyro_dp.primitives.release.release_clipped_sum` ``num_draws``
     times for each set of rows.  Along the difference of the two exact sums
@@ -598,8 +598,8 @@ def _clip_rows(rows: jax.Array, clip: float) -> tuple[jax.Array, float]:
     """Rows clipped as the kernels clip them, and the bound on their norms."""
     if rows.ndim == 1:
         return base.clip_ratios(rows, clip), clip
-    weights = gradients.clip_weights(jnp.linalg.norm(rows, axis=1), clip)
-    return rows * weights[:, None], gradients.vector_clip_bound(clip, rows.shape[1], rows.dtype)
+    weights = clipping.clip_weights(jnp.linalg.norm(rows, axis=1), clip)
+    return rows * weights[:, None], clipping.vector_clip_bound(clip, rows.shape[1], rows.dtype)
 
 
 # ------------------------------------------------------------ white-box kernel
@@ -899,7 +899,7 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
         replacements = {grid_release: lambda key, hi, lo, scale, *a, **k: grid_release(
             key, hi, lo, scale / 2, *a, **k)}
     elif name == "canary_unclipped":
-        weights, ratios = gradients.clip_weights, base.clip_ratios
+        weights, ratios = clipping.clip_weights, base.clip_ratios
 
         def extreme(values):  # the canary: the row furthest out, wherever a batch put it
             return jnp.arange(values.shape[0]) == jnp.argmax(jnp.abs(values))

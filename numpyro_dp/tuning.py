@@ -57,16 +57,16 @@ from numpyro.infer import init_to_median
 from numpyro_dp.accounting import calibrate_gaussian, sensitivity_factor
 from numpyro_dp.kernels.base import ClipRequest
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.compiled import jit_once
-from numpyro_dp.primitives.gradients import (
-    clipped_grad_and_hessian_sums,
-    row_gradient_scales,
-    row_hessian_norms,
-    vector_clip_bound,
-)
 from numpyro_dp.primitives.release import release_clipped_sum, release_on_grid
 from numpyro_dp.primitives.rounding import (
     sum_levels,
+)
+from numpyro_dp.primitives.row_statistics import (
+    clipped_grad_and_hessian_sums,
+    row_gradient_scales,
+    row_hessian_norms,
 )
 from numpyro_dp.primitives.secret import noise_key
 

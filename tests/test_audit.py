@@ -37,7 +37,7 @@ from numpyro_dp.evaluation.canary import (
     neighbours,
 )
 from numpyro_dp.kernels import base, hmc, penalty, sgmcmc
-from numpyro_dp.primitives import compiled, gradients, rounding, tap
+from numpyro_dp.primitives import clipping, compiled, rounding, tap
 from numpyro_dp.primitives import release as gate
 
 #: An audit compiles its runs afresh and runs them briefly (conftest).
@@ -370,13 +370,13 @@ def test_bad_audits_are_refused_with_the_fix():
 
 
 def test_a_fault_is_undone_when_its_block_ends():
-    release, clip, ratios = gate.grid_release, gradients.clip_weights, base.clip_ratios
+    release, clip, ratios = gate.grid_release, clipping.clip_weights, base.clip_ratios
     kernel_releases = (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
                        hmc.release_llr, sgmcmc.release_sum_with_noise)
     with audit.fault("noise_halved"), audit.fault("canary_unclipped"):
-        assert gate.grid_release is not release and gradients.clip_weights is not clip
+        assert gate.grid_release is not release and clipping.clip_weights is not clip
         assert base.clip_ratios is not ratios  # what the penalty and Barker sums clip with
-    assert gate.grid_release is release and gradients.clip_weights is clip
+    assert gate.grid_release is release and clipping.clip_weights is clip
     assert base.clip_ratios is ratios
     with audit.fault("kernel_noise_divided"):
         divided = (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,

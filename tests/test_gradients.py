@@ -13,8 +13,10 @@ from _support.running import TEST_SECRET
 
 from numpyro_dp.evaluation.models import banana_data, banana_model, gaussian_model
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.primitives import gradients
-from numpyro_dp.primitives.gradients import ROUTES, clip_weights, clipped_grad_sum_fn, select_route
+from numpyro_dp.primitives import clipping, gradients, route_choice, row_blocks, row_statistics
+from numpyro_dp.primitives.clipping import clip_weights
+from numpyro_dp.primitives.gradients import clipped_grad_sum_fn
+from numpyro_dp.primitives.route_choice import ROUTES, select_route
 
 N, K = 24, 3  # rows, covariates
 
@@ -293,7 +295,7 @@ def test_routes_equal_loop_over_rows(x64, name):
 @pytest.mark.parametrize("block", [5, 8, N])  # 5 blocks of 4 + 4 rows; 3 blocks of 8; one
 @pytest.mark.parametrize("name", ["linreg", "nan", "hierarchical"])
 def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, block):
-    monkeypatch.setattr(gradients, "ROW_BLOCK", block)
+    monkeypatch.setattr(row_blocks, "ROW_BLOCK", block)
     pm, args, kwargs, theta = _setup(name)
     ref, clip, _ = _loop_reference(name, theta)
     fn, _ = clipped_grad_sum(pm, "jacobian")
@@ -304,14 +306,14 @@ def test_general_route_in_blocks_equals_loop_over_rows(x64, monkeypatch, name, b
 @pytest.mark.slow  # make test-all: float64 sums in every block size (23 s)
 def test_tuning_sums_and_row_values_in_blocks_equal_one_block(x64, monkeypatch):
     pm, args, kwargs, theta = _setup("linreg")
-    whole = (gradients.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),
-             gradients.row_gradient_scales(pm, theta, args, kwargs),
-             gradients.row_hessian_norms(pm, theta, args, kwargs))
-    for name in ("ROW_BLOCK", "HESSIAN_BLOCK"):
-        monkeypatch.setattr(gradients, name, 5)  # 5 blocks of 4 rows and 4 rows left over
-    blocked = (gradients.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),
-               gradients.row_gradient_scales(pm, theta, args, kwargs),
-               gradients.row_hessian_norms(pm, theta, args, kwargs))
+    whole = (row_statistics.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),
+             row_statistics.row_gradient_scales(pm, theta, args, kwargs),
+             row_statistics.row_hessian_norms(pm, theta, args, kwargs))
+    for module, name in ((row_blocks, "ROW_BLOCK"), (row_statistics, "HESSIAN_BLOCK")):
+        monkeypatch.setattr(module, name, 5)  # 5 blocks of 4 rows and 4 rows left over
+    blocked = (row_statistics.clipped_grad_and_hessian_sums(pm, theta, 0.7, 2.0, args, kwargs),
+               row_statistics.row_gradient_scales(pm, theta, args, kwargs),
+               row_statistics.row_hessian_norms(pm, theta, args, kwargs))
     assert blocked[1].shape == blocked[2].shape == (N,)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12),
                  whole, blocked)
@@ -368,10 +370,10 @@ def test_forced_linear_predictor_on_unsuitable_model_raises(x64):
     assert ROUTES == ("auto", "jacobian", "linear_predictor")
 
 
-@pytest.mark.parametrize("d", [3, gradients.UNROLLED_NORM + 1])  # slices added; one reduction
+@pytest.mark.parametrize("d", [3, clipping.UNROLLED_NORM + 1])  # slices added; one reduction
 def test_column_squared_norms_are_those_of_the_rows(x64, d):
     rows = jax.random.normal(jax.random.PRNGKey(0), (50, d)).at[7, 1].set(jnp.nan)
-    norms = jnp.sqrt(gradients.column_squared_norms(rows.T))
+    norms = jnp.sqrt(clipping.column_squared_norms(rows.T))
     np.testing.assert_allclose(norms, jnp.linalg.norm(rows, axis=1), rtol=1e-14)
     assert np.isnan(norms[7]) and clip_weights(norms, 1.0)[7] == 0
 
@@ -427,7 +429,7 @@ def test_indexed_blocks_give_the_dense_sum(request, dtype, name):
     kwargs = {"y": y.astype(dtype)}
     pm = PrivateModel(model, args, kwargs)
     theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), args, kwargs)).astype(dtype)
-    plan = gradients._plan(pm, theta.shape, theta.dtype, args, kwargs, "jacobian")
+    plan = route_choice.plan_route(pm, theta.shape, theta.dtype, args, kwargs, "jacobian")
     assert plan.indexed is not None
     auto, taken = clipped_grad_sum_fn(pm, "auto", args, kwargs)
     assert taken == ("jacobian" if name == "slopes" else "linear_predictor")
@@ -460,7 +462,7 @@ def test_shared_value_contraction_gives_the_dense_sum(request, dtype, name):
         "y": (X @ [1.0, -2.0, 0.5] + rng.standard_t(3, size=n)).astype(dtype)}
     pm = PrivateModel(model, (X,), kwargs)
     theta = pm.ravel(pm.init_params(jax.random.PRNGKey(2), (X,), kwargs)).astype(dtype)
-    plan = gradients._plan(pm, theta.shape, theta.dtype, (X,), kwargs)
+    plan = route_choice.plan_route(pm, theta.shape, theta.dtype, (X,), kwargs)
     assert plan.choice.route == "linear_predictor" and plan.shared_coords
     auto, _ = clipped_grad_sum_fn(pm, "auto")
     general, _ = clipped_grad_sum_fn(pm, "jacobian")

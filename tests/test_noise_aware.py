@@ -20,7 +20,7 @@ from numpyro.infer import MCMC, NUTS, Predictive
 
 import numpyro_dp as ndp
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.primitives import gradients
+from numpyro_dp.primitives import row_statistics
 from numpyro_dp.releases import noise_aware, score
 
 N, D = 2000, 2
@@ -387,7 +387,7 @@ def test_a_noise_scale_gets_room_in_the_score_clip(seed):
     clip = score.TYPICAL_CLIPS * np.sqrt(4 / n)
 
     def total(clip, room=None):
-        hi, lo = gradients.clipped_grad_and_hessian_sums(
+        hi, lo = row_statistics.clipped_grad_and_hessian_sums(
             pm, theta, clip, None, (X,), {"y": y}, 1, whiten, room)[0]
         return (np.asarray(hi, float) + np.asarray(lo, float)) * (1.0 if room is None
                                                                   else room)

@@ -16,7 +16,8 @@ from _support.running import TEST_SECRET, armed_init
 import numpyro_dp as ndp
 from numpyro_dp.kernels.penalty import dp_penalty
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn
+from numpyro_dp.primitives.gradients import clipped_grad_sum_fn
+from numpyro_dp.primitives.route_choice import ROUTES
 
 N = 1009  # prime: no public array has this length by accident
 

@@ -45,12 +45,12 @@ from numpyro.util import is_prng_key
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
-from numpyro_dp.primitives.gradients import minibatch
 from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import (
     exact_sum,
     sum_levels,
 )
+from numpyro_dp.primitives.row_blocks import minibatch
 from numpyro_dp.primitives.sharding import chains_split, over_row_shards
 
 #: One noise-limited step of at least this many unit-information posterior sds
@@ -125,7 +125,7 @@ def ratio_sums(ratio: jax.Array, clip, weights: jax.Array | None = None, levels:
     ``q1 = row_quantum(clip, b)``, so at most ``clip + q1 / 2``), their squares
     ``fl(r^2)`` likewise on ``row_quantum(clip^2, b)``.  Exact integer sums,
     so the parts of one batch that several devices hold add up to one
-    device's sums, bit for bit (:func:`~numpyro_dp.primitives.gradients.minibatch`;
+    device's sums, bit for bit (:func:`~numpyro_dp.primitives.row_blocks.minibatch`;
     rows of ``weights`` 0 are zeros).  The statistics of the minibatch penalty
     and Barker tests are computed from these (the rounding is charged there).
     """

@@ -54,9 +54,11 @@ from numpyro_dp.kernels.base import (
     warmup_adapter,
 )
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
+from numpyro_dp.primitives.clipping import vector_clip_bound
+from numpyro_dp.primitives.gradients import clipped_grad_sum_fn
 from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.route_choice import ROUTES
 from numpyro_dp.primitives.secret import noise_key
 
 #: Quantiles of the rows' gradient norms that privately chosen clips cover.  A
@@ -359,7 +361,7 @@ class DPHMC(DPKernel):
         How the per-row clipped gradient sum is computed (see
         :mod:`numpyro_dp.primitives.gradients`); all routes are exact.
         ``"auto"`` picks from the model's program and the data's shapes
-        (:func:`numpyro_dp.primitives.gradients.select_route` says which and
+        (:func:`numpyro_dp.primitives.route_choice.select_route` says which and
         why); a forced ``"linear_predictor"`` raises on a model without a
         narrow cut.
     init_strategy : callable

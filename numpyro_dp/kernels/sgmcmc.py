@@ -61,9 +61,11 @@ from numpyro_dp.primitives.batching import (
     poisson_buffer_size,
     sample_without_replacement,
 )
-from numpyro_dp.primitives.gradients import ROUTES, clipped_grad_sum_fn, vector_clip_bound
+from numpyro_dp.primitives.clipping import vector_clip_bound
+from numpyro_dp.primitives.gradients import clipped_grad_sum_fn
 from numpyro_dp.primitives.release import clipped_sum_sensitivity, release_sum_with_noise
 from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.route_choice import ROUTES
 from numpyro_dp.primitives.secret import noise_key
 
 BATCHINGS = ("poisson", "without_replacement")

@@ -780,7 +780,7 @@ class PrivateModel:
         positions : array of int, optional
             Instead of ``idx``: where the rows lie in the arrays given (padding
             included), e.g. offsets in one device's block of rows
-            (:func:`~numpyro_dp.primitives.gradients.minibatch`).
+            (:func:`~numpyro_dp.primitives.row_blocks.minibatch`).
 
         Returns
         -------

@@ -19,7 +19,7 @@ under ``jax.shard_map``, and the rounding's *integer* totals
 so a release is the same function of the data on 1 or 8 devices, and the noise
 is added once, after the ``psum``, from the run secret: the same draw on every
 device, whatever their number.  A minibatch's sums likewise
-(:func:`~numpyro_dp.primitives.gradients.minibatch`): every device draws the
+(:func:`~numpyro_dp.primitives.row_blocks.minibatch`): every device draws the
 same (public) row indices, takes those in its own block and sums them, so the
 ``psum`` carries d numbers whatever the batch size, never the batch's rows.
 ``shard_map`` rather than XLA's automatic partitioning because the latter

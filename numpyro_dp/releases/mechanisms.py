@@ -72,7 +72,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
-from numpyro_dp.primitives.gradients import vector_clip_bound
+from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.primitives.rounding import (
     dw_sum,

@@ -55,10 +55,11 @@ from numpyro.distributions import biject_to, constraints
 
 from numpyro_dp.accounting import sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.compiled import jit_once
-from numpyro_dp.primitives.gradients import clipped_grad_and_hessian_sums, vector_clip_bound
 from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.row_statistics import clipped_grad_and_hessian_sums
 from numpyro_dp.primitives.secret import noise_key
 from numpyro_dp.tuning import (
     SCALE_GRID,
