@@ -387,7 +387,7 @@ def _check_clips_stated(kernel: DPKernel) -> None:
 def _runner(kernel: DPKernel, num_chains: int, epsilon: float | None, **options: Any):
     """A :class:`~numpyro_dp.PrivateMCMC` of an unbound copy of ``kernel`` for audit runs:
     vectorized chains, no warm start, no mixing check (``options`` may override)."""
-    from numpyro_dp.mcmc import PrivateMCMC  # the runner sits above this module's users
+    from numpyro_dp.runner.mcmc import PrivateMCMC  # the runner sits above this module's users
 
     options = {"chain_method": "vectorized", "progress_bar": False, "check_mixing": False,
                "warm_start": 0, **options}
@@ -886,7 +886,7 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
     the unbroken code either.  Never use it outside an audit: the runs inside
     the block are not private.
     """
-    from numpyro_dp import mcmc
+    from numpyro_dp.runner import mcmc
 
     if name not in FAULTS:
         raise ValueError(f"fault={name!r}; use one of {FAULTS}.")

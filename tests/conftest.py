@@ -16,9 +16,9 @@ def no_default_warm_start(request, monkeypatch):
     ``warm_start=`` still applies).  Tests marked ``warm_start`` run with the
     library's default, as a user would."""
     if request.node.get_closest_marker("warm_start") is None:
-        import numpyro_dp.mcmc
+        import numpyro_dp.runner.mcmc
 
-        monkeypatch.setattr(numpyro_dp.mcmc, "auto_warm_start_share", lambda *a, **k: 0.0)
+        monkeypatch.setattr(numpyro_dp.runner.mcmc, "auto_warm_start_share", lambda *a, **k: 0.0)
 
 
 @pytest.fixture(autouse=True)

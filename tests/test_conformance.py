@@ -197,7 +197,7 @@ def test_releases_made_equal_releases_charged(data, releases, name):
 ], ids=["DPPenalty", "DPHMC"])
 def test_tuning_releases_made_equal_releases_charged(data, releases, monkeypatch, make):
     """Clip selection and the warm start (issue 18) release what they are charged."""
-    from numpyro_dp import tuning
+    from numpyro_dp.runner import tuning
 
     monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
     X, y = data
@@ -227,7 +227,7 @@ def test_noise_aware_releases_made_equal_releases_charged(data, releases, monkey
     they do at this budget where the likelihood reads a noise scale; 2 stages of 2
     histograms, score and curvature); the ledger's notes about the release cost
     nothing."""
-    from numpyro_dp import tuning
+    from numpyro_dp.runner import tuning
 
     monkeypatch.setattr(tuning, "grid_release", releases_counter(releases, tuning.grid_release))
     X, y = data

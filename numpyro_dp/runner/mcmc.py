@@ -25,13 +25,6 @@ from numpyro_dp.accounting import (
 from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
 from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.kernels.base import DPKernel
-from numpyro_dp.mixing import (
-    MixingReport,
-    MixingWarning,
-    mixing_report,
-    warn_if_not_mixed,
-)
-from numpyro_dp.mixing import print_summary as print_draws_summary
 from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import (
@@ -40,7 +33,6 @@ from numpyro_dp.numpyro_compat import (
     loops_compiled_once,
     warmup_state,
 )
-from numpyro_dp.planner import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
 from numpyro_dp.primitives.secret import run_secret
 from numpyro_dp.primitives.sharding import (
     CHAIN_AXIS,
@@ -54,7 +46,15 @@ from numpyro_dp.primitives.sharding import (
     rows_mesh,
     shard_rows,
 )
-from numpyro_dp.tuning import (
+from numpyro_dp.runner.mixing import (
+    MixingReport,
+    MixingWarning,
+    mixing_report,
+    warn_if_not_mixed,
+)
+from numpyro_dp.runner.mixing import print_summary as print_draws_summary
+from numpyro_dp.runner.planning import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
+from numpyro_dp.runner.tuning import (
     CLIP_SELECTION_SHARE,
     PRIOR_MEDIAN,
     WARM_START_STAGES,
@@ -229,14 +229,14 @@ class PrivateMCMC(MCMC):
         with what is left and what the run would need.
     warm_start : float or "auto", optional
         Share of ``epsilon`` spent on a private warm start before the first
-        call (:mod:`numpyro_dp.tuning`): noisy Newton steps from a prior
+        call (:mod:`numpyro_dp.runner.tuning`): noisy Newton steps from a prior
         draw, after which the chains start around the point it reaches
         (dispersed by its noise-aware Laplace approximation) instead of at
         the prior, where at an ordinary budget they would stay, and the
         kernel's mass matrix (proposal covariance) starts at its Laplace
         covariance.  Default ``"auto"`` when the noise is calibrated to
         ``epsilon``: 0.3, or 0.8 when the sampler could not travel far at 0.3
-        (:func:`~numpyro_dp.planner.auto_warm_start_share`: its draws then
+        (:func:`~numpyro_dp.runner.planning.auto_warm_start_share`: its draws then
         come from where the chains start); 0 for a kernel with a stated noise
         multiplier.  ``0`` turns it off (prior initialisation, as NumPyro).
         Skipped when ``init_params`` is given or a run continues from
@@ -251,14 +251,14 @@ class PrivateMCMC(MCMC):
     warm_start_steps : int, optional
         Noisy Newton steps of the warm start, a multiple of its 2 stages (each
         step two charged releases; the share is split among them).  By default
-        :data:`~numpyro_dp.tuning.WARM_START_STEPS`, or
-        :data:`~numpyro_dp.tuning.FOLLOWING_WARM_START_STEPS` where the data are
-        many for the budget (:func:`~numpyro_dp.tuning.follows_curvature`).
+        :data:`~numpyro_dp.runner.tuning.WARM_START_STEPS`, or
+        :data:`~numpyro_dp.runner.tuning.FOLLOWING_WARM_START_STEPS` where the data are
+        many for the budget (:func:`~numpyro_dp.runner.tuning.follows_curvature`).
     check_mixing : bool
         After each call that draws samples, compute split R-hat, bulk ESS and
         how often each chain moved from its draws (free post-processing, kept
         in :attr:`mixing`) and warn with a :class:`~numpyro_dp.MixingWarning`
-        when the chains hardly moved or did not mix (:mod:`numpyro_dp.mixing`);
+        when the chains hardly moved or did not mix (:mod:`numpyro_dp.runner.mixing`);
         before a calibrated call, warn likewise when the noise lets one chain
         travel fewer posterior sds than the planner calls marginal
         (:func:`~numpyro_dp.plan`).
@@ -723,7 +723,7 @@ class PrivateMCMC(MCMC):
     def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
         """NumPyro's summary table of the draws (free: post-processing), with ``n_eff``
         and ``r_hat`` as :attr:`mixing` and ``az.summary`` compute them (ArviZ's
-        rank-normalised split R-hat and bulk ESS, :func:`~numpyro_dp.mixing.print_summary`),
+        rank-normalised split R-hat and bulk ESS, :func:`~numpyro_dp.runner.mixing.print_summary`),
         so that the three agree on the same draws; then the number of divergences where
         the kernel reports them.
 

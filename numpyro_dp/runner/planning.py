@@ -74,7 +74,7 @@ from numpyro_dp.releases.score import (
     curvature_noise,
     release_noise,
 )
-from numpyro_dp.tuning import (
+from numpyro_dp.runner.tuning import (
     CLIP_SELECTION_SHARE,
     TYPICAL_CLIPS,
     WARM_START_SHARE,
@@ -99,7 +99,7 @@ MAX_ADVISED_EPSILON = 1e4
 #: ``fair``, a clip of 0.125 at sqrt(d / n) = 0.0376).
 START_CLIP_RMS = 3.3
 #: The warm start's share of epsilon (``warm_start="auto"``, the default) when
-#: the sampler at the usual share (:data:`~numpyro_dp.tuning.WARM_START_SHARE`)
+#: the sampler at the usual share (:data:`~numpyro_dp.runner.tuning.WARM_START_SHARE`)
 #: would travel less than :data:`MARGINAL_TRAVEL`: its chains then stay near
 #: where they start, so the start, a noise-aware Laplace approximation, gets
 #: most of the budget.  On statsmodels' ``fair`` at epsilon = 3 the start's
@@ -281,7 +281,7 @@ def noise_aware_error_sds(noise_multiplier: float, num_released: int, num_rows: 
                           factor: float) -> float:
     """``NoiseAwareNUTS``'s expected error per direction, in posterior sds, from public
     facts: the noise of its score release in whitened coordinates (where the posterior's
-    sds are 1) at the least clip it takes, :data:`~numpyro_dp.tuning.TYPICAL_CLIPS` rows'
+    sds are 1) at the least clip it takes, :data:`~numpyro_dp.runner.tuning.TYPICAL_CLIPS` rows'
     typical whitened score ``sqrt(k / n)``, with the release phase's noise multiplier
     ``z`` split as the run splits it (:func:`~numpyro_dp.releases.score.release_noise`).
     A lower bound: heavier tails raise the clip, and an anchor far from the mode adds
