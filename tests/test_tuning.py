@@ -22,7 +22,7 @@ import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent
 from numpyro_dp.kernels.base import ClipRequest
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.runner import planning, tuning
+from numpyro_dp.runner import budget, charging, planning, tuning
 
 DELTA = 1e-6
 pytestmark = pytest.mark.warm_start  # the library's defaults, as a user runs them
@@ -349,8 +349,8 @@ def test_default_run_selects_clips_and_warm_starts_within_budget(data):
     steps = tuning.WARM_START_STEPS // tuning.WARM_START_STAGES
     assert [e.count for e in entries[1].per_iteration.events] == [steps, steps, steps, 1]
     ledger = mcmc.ledger.entries
-    share = mcmc._warm_start_share()  # "auto": public facts choose one of two shares
-    assert share in (tuning.WARM_START_SHARE, planning.STUCK_WARM_START_SHARE)
+    share = charging.warm_start_share(mcmc)  # "auto": public facts choose one of two shares
+    assert share in (tuning.WARM_START_SHARE, budget.STUCK_WARM_START_SHARE)
     assert alone(ledger[:2]) <= (share + tuning.CLIP_SELECTION_SHARE) * 2.0
     assert 2.0 - 1e-2 <= mcmc.privacy_spent().epsilon <= 2.0
     assert kernel.llr_clip == mcmc.tuning.clips["llr_clip"] > 0

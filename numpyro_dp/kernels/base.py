@@ -463,7 +463,7 @@ class DPKernel(MCMCKernel):
     #: (:meth:`release_entries`, :meth:`make_release`), whose iterations cost nothing.
     releases_once: bool = False
     #: The warm start's share of epsilon when ``PrivateMCMC(warm_start="auto")``
-    #: (None: the planner's, :func:`~numpyro_dp.runner.planning.auto_warm_start_share`).
+    #: (None: the runner's, :func:`~numpyro_dp.runner.budget.auto_warm_start_share`).
     warm_start_share: float | None = None
     #: Public parameters the compiled sampler takes as arguments rather than
     #: constants: the clips PrivateMCMC chooses privately are new numbers on

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import functools
 from collections.abc import Callable
 
-import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,20 +14,14 @@ from numpyro.infer import MCMC
 from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import (
-    PrivacyBudgetError,
-    calibrate_noise_multiplier,
     check_budget,
     check_delta_for_rows,
-    epsilon_spent,
-    max_iterations,
 )
-from numpyro_dp.accounting.ledger import LedgerEntry, PrivacyLedger, PrivacySpent
-from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
+from numpyro_dp.accounting.ledger import PrivacyLedger, PrivacySpent
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import (
-    collection_params,
     guard_data,
     loops_compiled_once,
     warmup_state,
@@ -46,29 +39,26 @@ from numpyro_dp.primitives.sharding import (
     rows_mesh,
     shard_rows,
 )
+from numpyro_dp.runner import charging
+from numpyro_dp.runner.budget import check_shares
+from numpyro_dp.runner.charging import RunPlan
 from numpyro_dp.runner.mixing import (
     MixingReport,
-    MixingWarning,
     mixing_report,
     warn_if_not_mixed,
 )
 from numpyro_dp.runner.mixing import print_summary as print_draws_summary
-from numpyro_dp.runner.planning import MARGINAL_TRAVEL, auto_warm_start_share, travel_sds
 from numpyro_dp.runner.tuning import (
     CLIP_SELECTION_SHARE,
     PRIOR_MEDIAN,
-    WARM_START_STAGES,
     TuningPlan,
     TuningResult,
-    plan_tuning,
     run_tuning,
 )
 
 #: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
 #: need more noise than this is refused (its draws would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
-#: PLD grid of a plan's epsilon (an upper bound on the charged epsilon).
-PLANNING_PLD_INTERVAL = 1e-3
 #: Folded into the user's key to give the tuning releases their own public keys.
 TUNING_KEY_TAG = 0x74756E65
 #: Chains start at the warm start plus this many times its dispersion (per
@@ -92,76 +82,6 @@ _NO_DATA = (
     "for an xarray.DataTree): the posterior, private-safe sample stats and the privacy "
     "ledger."
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """What a planned :meth:`PrivateMCMC.run` would cost, before anything runs.
-
-    Attributes
-    ----------
-    kernel : str
-    num_chains, iterations : int
-        Chains and iterations per chain of the planned call (warm-up included).
-    noise_multiplier : float or None
-        The kernel's per-iteration noise multiplier, calibrated to the budget
-        when the kernel has none (``None`` for kernels whose dynamics fix the
-        noise).
-    epsilon : float
-        Epsilon of the ledger after the call (what it holds plus the call): a
-        fast upper bound, never below what the run would be charged.
-    budget : float or None
-        The budget that applies.
-    fits : bool
-        Whether the call fits the budget (and the noise stays below
-        ``max_noise_multiplier``).
-    max_iterations : int or None
-        Iterations per chain that the budget affords at this noise level (at
-        least this many).
-    advice : str
-        What to change when it does not fit.
-    noise_multipliers : tuple or None
-        DPHMC and DPMALA: ``(z_grad, z_llr)``.
-    max_batch_size : int or None
-        Kernels whose batch size sets the cost (DPBarker): the largest batch
-        size whose call fits the budget (0 when none does; needs ``num_rows``).
-    """
-
-    kernel: str
-    num_chains: int
-    iterations: int
-    noise_multiplier: float | None
-    epsilon: float
-    budget: float | None
-    fits: bool
-    max_iterations: int | None
-    advice: str
-    noise_multipliers: tuple | None = None
-    max_batch_size: int | None = None
-
-    def __str__(self) -> str:
-        z = "fixed by the dynamics" if self.noise_multiplier is None else (
-            f"{self.noise_multiplier:.4g}")
-        budget = "none" if self.budget is None else f"{self.budget:.4g}"
-        if self.noise_multipliers is not None:
-            z += " (gradients {:.4g}, log-likelihood ratio {:.4g})".format(
-                *self.noise_multipliers)
-        lines = [
-            f"{self.kernel}: {self.num_chains} chain(s) x {self.iterations} iterations, "
-            f"noise multiplier {z}",
-            f"  epsilon after the run {self.epsilon:.4g} (budget {budget}): "
-            + ("fits" if self.fits else "does NOT fit"),
-        ]
-        if self.max_iterations is not None:
-            lines.append(f"  the budget affords {self.max_iterations} iterations per chain")
-        if self.max_batch_size:
-            lines.append(f"  the largest batch size that fits is {self.max_batch_size}")
-        elif self.max_batch_size == 0:
-            lines.append("  no batch size fits: run fewer iterations or chains, or state a "
-                         "larger budget")
-        if not self.fits:
-            lines.append(f"  {self.advice}")
-        return "\n".join(lines)
 
 
 @guard_data(lambda: PrivateDataError(_NO_DATA))
@@ -236,7 +156,7 @@ class PrivateMCMC(MCMC):
         kernel's mass matrix (proposal covariance) starts at its Laplace
         covariance.  Default ``"auto"`` when the noise is calibrated to
         ``epsilon``: 0.3, or 0.8 when the sampler could not travel far at 0.3
-        (:func:`~numpyro_dp.runner.planning.auto_warm_start_share`: its draws then
+        (:func:`~numpyro_dp.runner.budget.auto_warm_start_share`: its draws then
         come from where the chains start); 0 for a kernel with a stated noise
         multiplier.  ``0`` turns it off (prior initialisation, as NumPyro).
         Skipped when ``init_params`` is given or a run continues from
@@ -289,6 +209,13 @@ class PrivateMCMC(MCMC):
     the data after a call: ``arviz.from_numpyro(mcmc)`` raises
     :class:`PrivateDataError` (use :func:`~numpyro_dp.to_inference_data`).
     """
+
+    #: Whether ``warm_start="auto"`` may choose a warm start for a kernel that states
+    #: no share of its own (:func:`~numpyro_dp.runner.budget.auto_warm_start_share`);
+    #: False makes it 0 there, as for a stated noise multiplier (the test suite sets
+    #: it: the warm start compiles for seconds).  A stated ``warm_start=`` applies
+    #: either way.
+    auto_warm_start: bool = True
 
     def __init__(
         self,
@@ -370,27 +297,7 @@ class PrivateMCMC(MCMC):
         calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
         if warm_start is None:  # a kernel with stated noise is in manual mode
             warm_start = "auto" if calibrate else 0.0
-        shares = [("clip_selection", clip_selection)]
-        if warm_start != "auto":
-            shares.append(("warm_start", warm_start))
-        for name, share in shares:
-            if not (isinstance(share, (int, float)) and 0 <= share < 1):
-                raise ValueError(
-                    f"{name}={share!r} must be a share of epsilon in [0, 1) (0 turns it off"
-                    + (', "auto" chooses it' if name == "warm_start" else "") + ")."
-                )
-        if warm_start != "auto" and warm_start + clip_selection >= 1:
-            raise ValueError(
-                f"warm_start + clip_selection = {warm_start + clip_selection} leaves "
-                "nothing of epsilon for sampling; keep their sum well below 1."
-            )
-        if warm_start_steps is not None and not (
-                isinstance(warm_start_steps, int) and warm_start_steps >= 2
-                and warm_start_steps % WARM_START_STAGES == 0):
-            raise ValueError(
-                f"warm_start_steps={warm_start_steps!r} must be a positive multiple of "
-                f"{WARM_START_STAGES} (the warm start's stages, each choosing its clips)."
-            )
+        check_shares(warm_start, clip_selection, warm_start_steps)
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
         super().__init__(
             sampler,
@@ -425,219 +332,6 @@ class PrivateMCMC(MCMC):
         """The ledger this runner charges."""
         return self._ledger
 
-    def _iterations_this_call(self) -> tuple[int, str]:
-        """Iterations per chain that the coming ``MCMC.run`` will perform."""
-        if warmup_state(self) is not None:
-            return self.num_samples, "sample"
-        params = collection_params(self)
-        phase = params["phase"] or ("warmup+sample" if self.num_warmup else "sample")
-        return params["upper"], phase
-
-    def _planned_iterations(self) -> int:
-        """Iterations per chain of the whole planned run, which calibration pays for.
-
-        A ``warmup()`` call is calibrated for warm-up and sampling together, so
-        that the ``run()`` that follows fits what is left.
-        """
-        if warmup_state(self) is not None:
-            return self.num_samples
-        return self.num_warmup + self.num_samples
-
-    def _start_iteration(self) -> int:
-        """Iterations each chain has done before this call (0 for a fresh start).
-
-        A continuation from ``post_warmup_state`` resumes the kernel's counter
-        ``i``; the smallest over chains is used (costs only fall over time).
-        """
-        i = getattr(warmup_state(self), "i", None)
-        return 0 if i is None else int(np.min(np.asarray(i)))
-
-    def _calibrated_noise(
-        self, iterations: int, start: int, run_event=None, pending: tuple = ()
-    ) -> float:
-        """The noise multiplier that makes this call spend what is left of the budget.
-
-        ``run_event(k, z)`` is one chain's event (default: the kernel's);
-        ``pending`` are entries charged before it (the tuning releases).
-        """
-        kernel = self.sampler
-        run_event = run_event or (lambda k, z: kernel.run_event(k, start, z))
-        ledger = self._ledger
-        spent = ledger.epsilon(pending) if ledger.entries or pending else 0.0
-        cap = self.max_noise_multiplier
-
-        def total(z):
-            event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
-            once = [dpa.SelfComposedDpEvent(e, k) for _, e, k in kernel.release_entries(z)]
-            return dpa.ComposedDpEvent([ledger.event(pending), *once, event])
-
-        needed = epsilon_spent(total(cap), ledger.delta, ledger.neighbourhood, ledger.accountant)
-        if needed > self.epsilon:
-            raise PrivacyBudgetError(
-                f"What is left of the budget cannot pay for this run at a useful noise "
-                f"level: epsilon spent {spent:.4g} of {self.epsilon:.4g}, and even at "
-                f"noise multiplier {cap:.3g} (max_noise_multiplier) the run "
-                f"({self.num_chains} chain(s) x {iterations} iterations) would bring the "
-                f"total to {needed:.4g}. Run fewer iterations or chains, or state a "
-                "larger budget (a larger max_noise_multiplier gives draws that are "
-                "mostly noise)."
-            )
-        return calibrate_noise_multiplier(
-            total, self.epsilon, self.delta, ledger.neighbourhood, ledger.accountant, upper=cap
-        )
-
-    def _fits(self, entries: list[LedgerEntry]) -> tuple[bool, str]:
-        """Whether ``entries`` fit the budget, and the epsilon after them as a refusal
-        quotes it.
-
-        A lower bound above the budget refuses at once, without composing a PLD
-        (:func:`~numpyro_dp.accounting.lower_bound.epsilon_lower_bound`); else
-        the figure the charge will be (composed once: the charge finds it cached).
-        """
-        ledger = self._ledger
-        lower = epsilon_lower_bound(ledger.event(entries), ledger.delta, ledger.neighbourhood)
-        if lower > self.epsilon:
-            return False, f"at least {lower:.6g}"
-        after = ledger.epsilon(entries)
-        return after <= self.epsilon, f"{after:.6g}"
-
-    def _over_budget(self, iterations: int, start: int, z, after: str) -> PrivacyBudgetError:
-        kernel = self.sampler
-        affordable = max_iterations(
-            lambda k: kernel.run_event(k, start, z), self.epsilon, self.delta,
-            self.num_chains, self._ledger.neighbourhood, self._ledger.accountant,
-            spent=self._ledger.event(), precision="coarse",
-        )
-        return PrivacyBudgetError(
-            f"This call would run {self.num_chains} chain(s) x {iterations} "
-            f"iterations and bring the epsilon spent to {after} > budget "
-            f"{self.epsilon:.6g} (delta={self.delta:.3g}; spent so far: "
-            f"{self._ledger.spent_so_far()}). The budget affords at least {affordable} more "
-            f"iterations per chain at this noise level (mcmc.plan() gives a closer figure): "
-            f"{kernel.budget_advice()}."
-        )
-
-    def _entry(self, iterations: int, phase: str, start: int, z) -> LedgerEntry:
-        kernel = self.sampler
-        return LedgerEntry(
-            type(kernel).__name__, phase, self.num_chains, iterations,
-            kernel.per_iteration_event(z), kernel.run_event(iterations, start, z),
-            reproducible_noise=self.reproducible_noise,
-        )
-
-    def _note(self, text: str) -> None:
-        """Write ``text`` (post-processing of charged releases) into the ledger, at no cost."""
-        self._ledger.record(LedgerEntry(
-            type(self.sampler).__name__, "notes", 1, 0, dpa.NoOpDpEvent(),
-            reproducible_noise=self.reproducible_noise, label=text))
-
-    def _warn_if_noise_caps_the_steps(self, z: float, warm_start: bool) -> None:
-        """Before anything is charged: warn when the planner would call the run infeasible."""
-        pm = self.sampler._private_model
-        _, travel = travel_sds(pm.num_rows, pm.num_params, z, self._planned_iterations(),
-                               self.sampler.sensitivity_factor)
-        if travel < MARGINAL_TRAVEL:
-            start = (
-                f"the private warm start ({self._warm_start_share():.0%} of epsilon): "
-                "the draws will be close to its noise-aware Laplace approximation, not "
-                "MCMC draws" if warm_start else "the prior: their draws will not be "
-                "posterior draws"
-            )
-            warnings.warn(
-                f"At noise multiplier {z:.3g} one chain can travel only about {travel:.2g} "
-                "posterior standard deviations (ndp.plan's unit-information figure; "
-                f"{MARGINAL_TRAVEL:g} is marginal): the chains will stay near where they "
-                f"start, {start}. The run is charged and goes ahead; "
-                "ndp.plan(model, *data, epsilon=, delta=) checks a plan before anything is "
-                "spent and says what would make it feasible.",
-                MixingWarning, stacklevel=4,
-            )
-
-    def _tuning_entries(self, plan: TuningPlan | None) -> list[LedgerEntry]:
-        return [] if plan is None else self._once(plan.entries())
-
-    def _once(self, entries: list) -> list[LedgerEntry]:
-        """Ledger entries of releases made once per run: ``(phase, event, releases)``."""
-        name = type(self.sampler).__name__
-        return [LedgerEntry(name, phase, 1, releases, event,
-                            reproducible_noise=self.reproducible_noise)
-                for phase, event, releases in entries]
-
-    def _tuning_plan(self, init_params) -> TuningPlan | None:
-        """The tuning releases this call needs (None: none), from public facts only."""
-        kernel = self.sampler
-        if warmup_state(self) is not None:
-            return None
-        requests = kernel.clip_requests()
-        share = self._warm_start_share()
-        warm = share > 0 and init_params is None and self.tuning is None and kernel.tunable
-        if not requests and not warm:
-            return None
-        if self.epsilon is None:
-            if requests:
-                raise ValueError(
-                    f"{type(kernel).__name__} has no {', '.join(r.name for r in requests)} "
-                    "and this PrivateMCMC has no epsilon to choose it privately from: "
-                    "state the clip(s) on the kernel, or give PrivateMCMC an epsilon."
-                )
-            return None
-        return plan_tuning(
-            self.epsilon, self.delta, warm_start=share if warm else 0.0,
-            clip_selection=self.clip_selection, requests=requests,
-            warm_start_clip=kernel.warm_start_clip, warm_start_steps=self.warm_start_steps,
-            num_rows=kernel._private_model.num_rows,
-            num_params=kernel._private_model.num_params, neighbourhood=kernel.neighbourhood,
-            noise_scale=kernel._private_model.likelihood_reads_scale,
-        )
-
-    def _warm_start_share(self) -> float:
-        """The warm start's share of epsilon; ``"auto"`` resolved from public facts."""
-        if self.warm_start != "auto":
-            return self.warm_start
-        if self.epsilon is None:
-            return 0.0
-        if self.sampler.warm_start_share is not None:
-            return self.sampler.warm_start_share
-        pm = self.sampler._private_model
-        return auto_warm_start_share(
-            self.epsilon, self.delta, pm.num_rows, pm.num_params, self._planned_iterations(),
-            self.num_chains, clip_selection=self.clip_selection,
-            warm_start_steps=self.warm_start_steps, neighbourhood=self.sampler.neighbourhood,
-            noise_scale=pm.likelihood_reads_scale,
-        )
-
-    def _charge(self, iterations: int, phase: str, tuning: TuningPlan | None = None) -> None:
-        """Charge the tuning releases (if any) and the coming iterations, or raise."""
-        kernel = self.sampler
-        start = self._start_iteration()
-        pending = self._tuning_entries(tuning)
-        calibrated = None
-        if self._calibrate and kernel.noise_multiplier is None:
-            calibrated = self._calibrated_noise(self._planned_iterations(), start,
-                                                pending=tuple(pending))
-        z = kernel.noise_multiplier if calibrated is None else calibrated
-        if z is not None:
-            kernel.check_noise_multiplier(z)
-        pending += self._once(kernel.release_entries(z))
-        entry = self._entry(iterations, phase, start, z)
-        if self.check_mixing and kernel.calibrated_noise and not kernel.releases_once:
-            self._warn_if_noise_caps_the_steps(
-                z, tuning is not None and tuning.warm_start_steps > 0)
-        if self.epsilon is not None:
-            fits, after = self._fits([*pending, entry])
-            if not fits:
-                raise self._over_budget(iterations, start, z, after)
-        try:  # atomic check and append; on disk before the run for a file ledger
-            for e in [*pending, entry]:
-                self._ledger.charge(e, budget=self.epsilon)
-        except PrivacyBudgetError as err:  # another process charged in the meantime
-            after = f"{self._ledger.epsilon([entry]):.6g}"
-            raise self._over_budget(iterations, start, z, after) from err
-        # Bound only once something is charged: a refused run leaves the kernel free.
-        kernel._charged_by = self
-        if calibrated is not None:
-            kernel.configure(noise_multiplier=calibrated)
-
     def plan(self, *model_args, num_rows: int | None = None, row_layout: RowLayout | None = None,
              **model_kwargs) -> RunPlan:
         """What :meth:`run` would cost now, computed from public facts only.
@@ -659,66 +353,7 @@ class PrivateMCMC(MCMC):
         >>> p = mcmc.plan(num_rows=10**6)  # doctest: +SKIP
         >>> p.epsilon, p.max_iterations, p.max_batch_size  # doctest: +SKIP
         """
-        kernel = self.sampler
-        if model_args or model_kwargs:
-            model_args, model_kwargs = automatic(tabular_to_numpy((model_args, model_kwargs)))
-            check_layout_given((model_args, model_kwargs), row_layout)
-            num_rows = kernel.prepare(model_args, model_kwargs, row_layout).num_rows
-        if num_rows is not None:
-            check_delta_for_rows(self.delta, num_rows)
-        iterations, _ = self._iterations_this_call()
-        start = self._start_iteration()
-        z, advice = kernel.noise_multiplier, kernel.budget_advice()
-        fits, after, affordable = True, None, None
-        rows = {"num_rows": num_rows} if num_rows is not None else {}
-
-        def run_event(k, z):
-            return kernel.run_event(k, start, z, **rows)
-
-        # The clip selection and warm start the call would make come first.
-        tuning_pending = kernel.clip_requests() or (
-            kernel.tunable and self.warm_start != 0 and self.epsilon is not None)
-        if kernel._private_model is None and tuning_pending and warmup_state(self) is None:
-            raise ValueError(
-                f"plan(num_rows=n) cannot plan the clip selection and warm start that this "
-                f"run of {type(kernel).__name__} would make first: they depend on the "
-                "model's parameters. Give plan the model's arguments, mcmc.plan(X, y=y) "
-                "(no value computed from the rows is used), or state the clips and "
-                "PrivateMCMC(warm_start=0)."
-            )
-        pending = tuple(self._tuning_entries(self._tuning_plan(None)))
-        if self._calibrate and z is None:
-            try:
-                z = self._calibrated_noise(self._planned_iterations(), start, run_event,
-                                           pending=pending)
-            except PrivacyBudgetError as err:
-                z, fits, advice = self.max_noise_multiplier, False, str(err)
-        ledger = self._ledger
-        if z is not None:
-            pending += tuple(self._once(kernel.release_entries(z)))
-        event = dpa.SelfComposedDpEvent(run_event(iterations, z), self.num_chains)
-        after = epsilon_spent(dpa.ComposedDpEvent([ledger.event(pending), event]),
-                              ledger.delta, ledger.neighbourhood, ledger.accountant,
-                              PLANNING_PLD_INTERVAL)
-        if self.epsilon is not None:
-            fits = fits and after <= self.epsilon
-        if self.epsilon is not None and not kernel.releases_once:  # else iterations are free
-            affordable = max_iterations(
-                lambda k: run_event(k, z), self.epsilon, self.delta, self.num_chains,
-                ledger.neighbourhood, ledger.accountant, spent=ledger.event(pending),
-            )
-        zs = kernel.noise_multipliers(z) if hasattr(kernel, "noise_multipliers") and z else None
-        largest_batch = None
-        if self.epsilon is not None and num_rows is not None:
-            largest_batch = kernel.max_batch_size(
-                num_rows, iterations, self.epsilon, self.delta, self.num_chains,
-                ledger.event(pending),
-            )
-        return RunPlan(
-            type(kernel).__name__, self.num_chains, iterations,
-            None if not kernel.calibrated_noise else z, after, self.epsilon, fits,
-            affordable, advice if fits is False else "", zs, largest_batch,
-        )
+        return charging.plan_call(self, model_args, model_kwargs, num_rows, row_layout)
 
     def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
         """NumPyro's summary table of the draws (free: post-processing), with ``n_eff``
@@ -831,10 +466,10 @@ class PrivateMCMC(MCMC):
         args, kwargs, pm, run_mesh = self._place(args, kwargs, pm, row_layout)
         check_delta_for_rows(self.delta, pm.num_rows)
         self._check_init_params(init_params, pm.param_shapes)
-        iterations, phase = self._iterations_this_call()
-        tuning = self._tuning_plan(init_params) if iterations > 0 else None
+        iterations, phase = charging.iterations_this_call(self)
+        tuning = charging.tuning_plan(self, init_params) if iterations > 0 else None
         if iterations > 0:
-            self._charge(iterations, phase, tuning)
+            charging.charge(self, iterations, phase, tuning)
         secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
         rows = pm.private_inputs(args, kwargs)
         if tuning is not None:
@@ -846,7 +481,8 @@ class PrivateMCMC(MCMC):
                                      TUNING_KEY_TAG + 2)
             with mesh_on(run_mesh):
                 kernel.make_release(pm, self.tuning, rng_key=key, rows=rows,
-                                    secret=jnp.asarray(secret), note=self._note)
+                                    secret=jnp.asarray(secret),
+                                    note=functools.partial(charging.note, self))
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = self._chain_starts(rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
