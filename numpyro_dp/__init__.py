@@ -8,10 +8,12 @@ The package in layers (each imports only from the ones above it):
 * :mod:`~numpyro_dp.accounting`: events, accountants, calibration, the ledger;
 * :mod:`~numpyro_dp.kernels`: the DP kernels, each declaring its cost as a
   ``DpEvent``;
-* the runner: :mod:`~numpyro_dp.runner.mcmc` (``PrivateMCMC``),
+* :mod:`~numpyro_dp.runner`: :mod:`~numpyro_dp.runner.mcmc` (``PrivateMCMC``),
+  :mod:`~numpyro_dp.runner.chains`, :mod:`~numpyro_dp.runner.charging` (the ledger),
+  :mod:`~numpyro_dp.runner.budget` (the budget's decisions),
   :mod:`~numpyro_dp.runner.tuning` (private clip selection and warm start),
-  :mod:`~numpyro_dp.runner.planning` (``plan``), :mod:`~numpyro_dp.runner.mixing`,
-  :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
+  :mod:`~numpyro_dp.runner.planning` (``plan``), :mod:`~numpyro_dp.runner.mixing`;
+  then :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
   :mod:`~numpyro_dp.numpyro_compat` (the only module that touches NumPyro's
   internals);
 * :mod:`~numpyro_dp.releases`: one-shot releases of statistics, which one to

@@ -27,6 +27,7 @@ from numpyro_dp.accounting import (
     PrivacyBudgetError,
     calibrate_gaussian,
     calibrate_noise_multiplier,
+    check_budget,
     epsilon_spent,
     gaussian_mu,
     make_accountant,
@@ -141,6 +142,42 @@ def gaussian_run_noise(epsilon: float, delta: float, tuning: TuningPlan | None,
         epsilon, delta, lambda z: dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z),
                                                           iterations * num_chains),
         spent=None if tuning is None else tuning.event())
+
+
+def resolve_budget(sampler, epsilon: float | None, delta: float | None, accountant: str,
+                   ledger) -> tuple[float | None, float, str, bool]:
+    """``(epsilon, delta, accountant, calibrate)`` of a runner of ``sampler``: a ledger's
+    delta, accountant and budget apply (the smaller budget wins); ``calibrate`` says
+    whether the sampler's noise is calibrated to the budget."""
+    check_budget(epsilon, delta)
+    if ledger is not None:
+        if delta not in (None, ledger.delta):
+            raise ValueError(
+                f"delta={delta} differs from the ledger's delta={ledger.delta}; "
+                "omit delta= to use the ledger's."
+            )
+        if ledger.neighbourhood != sampler.neighbourhood:
+            raise ValueError(
+                f"The ledger is kept under the {ledger.neighbourhood!r} "
+                f"neighbourhood but the kernel uses {sampler.neighbourhood!r}; "
+                "build the kernel with the ledger's neighbourhood."
+            )
+        delta, accountant = ledger.delta, ledger.accountant
+        if ledger.budget is not None:
+            epsilon = ledger.budget if epsilon is None else min(epsilon, ledger.budget)
+    if delta is None:
+        raise ValueError(
+            "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
+            "guarantee; choose it well below 1/n, e.g. delta=0.1/n."
+        )
+    calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
+    if calibrate and epsilon is None:
+        raise ValueError(
+            f"{type(sampler).__name__} has no noise_multiplier and no epsilon "
+            "was given: pass epsilon= (and delta=) to calibrate the noise to a "
+            "budget, or set noise_multiplier= on the kernel."
+        )
+    return epsilon, delta, accountant, calibrate
 
 
 # -------------------------------------------------------------- the warm start

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -11,12 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 from numpyro.infer import MCMC
-from numpyro.util import is_prng_key
 
-from numpyro_dp.accounting import (
-    check_budget,
-    check_delta_for_rows,
-)
+from numpyro_dp.accounting import check_delta_for_rows
 from numpyro_dp.accounting.ledger import PrivacyLedger, PrivacySpent
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import tabular_to_numpy
@@ -28,19 +23,13 @@ from numpyro_dp.numpyro_compat import (
 )
 from numpyro_dp.primitives.secret import run_secret
 from numpyro_dp.primitives.sharding import (
-    CHAIN_AXIS,
-    DATA_AXIS,
-    RunMesh,
     automatic,
-    automatic_mesh,
     check_layout_given,
-    check_run_mesh,
     mesh_on,
-    rows_mesh,
-    shard_rows,
 )
-from numpyro_dp.runner import charging
-from numpyro_dp.runner.budget import check_shares
+from numpyro_dp.runner import chains, charging
+from numpyro_dp.runner.budget import check_shares, resolve_budget
+from numpyro_dp.runner.chains import check_chain_options
 from numpyro_dp.runner.charging import RunPlan
 from numpyro_dp.runner.mixing import (
     MixingReport,
@@ -50,23 +39,12 @@ from numpyro_dp.runner.mixing import (
 from numpyro_dp.runner.mixing import print_summary as print_draws_summary
 from numpyro_dp.runner.tuning import (
     CLIP_SELECTION_SHARE,
-    PRIOR_MEDIAN,
-    TuningPlan,
     TuningResult,
-    run_tuning,
 )
 
 #: Default of ``PrivateMCMC(max_noise_multiplier=)``: a calibrated run that would
 #: need more noise than this is refused (its draws would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
-#: Folded into the user's key to give the tuning releases their own public keys.
-TUNING_KEY_TAG = 0x74756E65
-#: Chains start at the warm start plus this many times its dispersion (per
-#: coordinate, :class:`~numpyro_dp.TuningResult`) times a standard normal, in
-#: antithetic pairs: spread like its noise-aware Laplace approximation, so that
-#: R-hat can tell chains that stayed apart and frozen chains still pool to a
-#: sensible approximation.
-CHAIN_DISPERSION = 1.0
 
 
 class PrivateDataError(RuntimeError):
@@ -247,34 +225,8 @@ class PrivateMCMC(MCMC):
                 f"got {type(sampler).__name__}; for non-private inference use "
                 "numpyro.infer.MCMC."
             )
-        check_budget(epsilon, delta)
-        if ledger is not None:
-            if delta not in (None, ledger.delta):
-                raise ValueError(
-                    f"delta={delta} differs from the ledger's delta={ledger.delta}; "
-                    "omit delta= to use the ledger's."
-                )
-            if ledger.neighbourhood != sampler.neighbourhood:
-                raise ValueError(
-                    f"The ledger is kept under the {ledger.neighbourhood!r} "
-                    f"neighbourhood but the kernel uses {sampler.neighbourhood!r}; "
-                    "build the kernel with the ledger's neighbourhood."
-                )
-            delta, accountant = ledger.delta, ledger.accountant
-            if ledger.budget is not None:
-                epsilon = ledger.budget if epsilon is None else min(epsilon, ledger.budget)
-        if delta is None:
-            raise ValueError(
-                "PrivateMCMC needs delta, the delta of the (epsilon, delta) "
-                "guarantee; choose it well below 1/n, e.g. delta=0.1/n."
-            )
-        calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
-        if calibrate and epsilon is None:
-            raise ValueError(
-                f"{type(sampler).__name__} has no noise_multiplier and no epsilon "
-                "was given: pass epsilon= (and delta=) to calibrate the noise to a "
-                "budget, or set noise_multiplier= on the kernel."
-            )
+        epsilon, delta, accountant, calibrate = resolve_budget(
+            sampler, epsilon, delta, accountant, ledger)
         if sampler._charged_by is not None:
             raise ValueError(
                 f"This {type(sampler).__name__} is already accounted by another "
@@ -282,19 +234,7 @@ class PrivateMCMC(MCMC):
                 "runs) or build a new kernel: a second runner would start a second, "
                 "separate ledger for the same data."
             )
-        if not isinstance(num_chains, int) or num_chains < 1:
-            raise ValueError("num_chains must be a positive integer")
-        if chain_method not in ("parallel", "sequential", "vectorized"):
-            raise ValueError(
-                f"chain_method={chain_method!r}: use 'parallel', 'sequential' or "
-                "'vectorized'. A custom chain method could run other chains than "
-                "the num_chains that are charged."
-            )
-        if mesh is not None:
-            check_run_mesh(mesh)
-        if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
-            raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
-        calibrate = sampler.calibrated_noise and sampler.noise_multiplier is None
+        check_chain_options(num_chains, chain_method, mesh, max_noise_multiplier)
         if warm_start is None:  # a kernel with stated noise is in manual mode
             warm_start = "auto" if calibrate else 0.0
         check_shares(warm_start, clip_selection, warm_start_steps)
@@ -382,52 +322,6 @@ class PrivateMCMC(MCMC):
         """What all charged calls of this runner's ledger have spent together."""
         return self._ledger.spent()
 
-    # ------------------------------------------------------------ checks
-    def _check_keys(self, rng_key) -> None:
-        """One key, or exactly ``num_chains`` keys: the number of chains charged."""
-        if is_prng_key(rng_key):
-            return
-        shape = jnp.shape(rng_key)
-        typed = jnp.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key)
-        batch = shape[:-1] if not typed else shape
-        if self.num_chains > 1 and batch == (self.num_chains,):
-            return
-        raise ValueError(
-            f"rng_key must be one PRNG key or a batch of exactly num_chains="
-            f"{self.num_chains} keys (one per chain); got a batch of shape {batch}. "
-            "Each chain is charged to the privacy budget, so the number of chains run "
-            "must be the number planned: pass one key, or set num_chains."
-        )
-
-    def _check_init_params(self, init_params, param_shapes: dict) -> None:
-        if init_params is None:
-            return
-        if not isinstance(init_params, dict) or set(init_params) != set(param_shapes):
-            raise ValueError(
-                f"init_params must be a dict of unconstrained values for the latent "
-                f"sites {sorted(param_shapes)}."
-            )
-        lead = (self.num_chains,) if self.num_chains > 1 else ()
-        for name, shape in param_shapes.items():
-            if tuple(jnp.shape(init_params[name])) != lead + shape:
-                raise ValueError(
-                    f"init_params[{name!r}] has shape {tuple(jnp.shape(init_params[name]))}; "
-                    f"with num_chains={self.num_chains} it must be {lead + shape} "
-                    "(one value per chain: each chain is charged)."
-                )
-
-    def _check_post_warmup_state(self) -> None:
-        state = warmup_state(self)
-        if state is None:
-            return
-        lead = (self.num_chains,) if self.num_chains > 1 else ()
-        if tuple(jnp.shape(getattr(state, "i", ()))) != lead:
-            raise ValueError(
-                f"post_warmup_state holds {jnp.shape(getattr(state, 'i', ()))[:1] or 1} "
-                f"chain(s) but num_chains={self.num_chains}: continue the chains the "
-                "state holds (each chain run is charged)."
-            )
-
     # ------------------------------------------------------------- running
     def run(self, rng_key, *args, extra_fields=(), init_params=None,
             row_layout: RowLayout | None = None, **kwargs):
@@ -451,21 +345,15 @@ class PrivateMCMC(MCMC):
             chains than ``num_chains`` (everything is checked before any charge).
         """
         kernel = self.sampler
-        for field in extra_fields:
-            top = field.lstrip("~").split(".")[0]
-            if top not in kernel.private_safe_fields:
-                raise ValueError(
-                    f"extra field {field!r} is not a private-safe field of "
-                    f"{type(kernel).__name__}; allowed: {kernel.private_safe_fields}."
-                )
-        self._check_keys(rng_key)
-        self._check_post_warmup_state()
+        chains.check_extra_fields(kernel, extra_fields)
+        chains.check_keys(self, rng_key)
+        chains.check_post_warmup_state(self)
         args, kwargs = automatic(tabular_to_numpy((args, kwargs)))
         check_layout_given((args, kwargs), row_layout)
         pm = kernel.prepare(args, kwargs, row_layout)  # validates model and data before any charge
-        args, kwargs, pm, run_mesh = self._place(args, kwargs, pm, row_layout)
+        args, kwargs, pm, run_mesh = chains.place(self, args, kwargs, pm, row_layout)
         check_delta_for_rows(self.delta, pm.num_rows)
-        self._check_init_params(init_params, pm.param_shapes)
+        chains.check_init_params(self, init_params, pm.param_shapes)
         iterations, phase = charging.iterations_this_call(self)
         tuning = charging.tuning_plan(self, init_params) if iterations > 0 else None
         if iterations > 0:
@@ -474,17 +362,16 @@ class PrivateMCMC(MCMC):
         rows = pm.private_inputs(args, kwargs)
         if tuning is not None:
             with mesh_on(run_mesh):
-                self._tune(tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
+                chains.tune(self, tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
         if iterations > 0 and kernel.releases_once and kernel.release_entries():
             # Charged with the tuning; public keys apart from the tuning's and the chains'.
-            key = jax.random.fold_in(rng_key if is_prng_key(rng_key) else rng_key[0],
-                                     TUNING_KEY_TAG + 2)
+            key = jax.random.fold_in(chains.first_key(rng_key), chains.TUNING_KEY_TAG + 2)
             with mesh_on(run_mesh):
                 kernel.make_release(pm, self.tuning, rng_key=key, rows=rows,
                                     secret=jnp.asarray(secret),
                                     note=functools.partial(charging.note, self))
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
-            init_params = self._chain_starts(rng_key)
+            init_params = chains.starts(self, rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
         inputs = kernel.run_inputs(rows, secret)  # the clips as tuning chose them
         chain_method = self.chain_method
@@ -503,101 +390,6 @@ class PrivateMCMC(MCMC):
             draws = self.get_samples(group_by_chain=True)
             self.mixing = mixing_report({k: draws[k] for k in pm.latent_sites if k in draws})
             warn_if_not_mixed(self.mixing, stacklevel=2)
-
-    def _place(self, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
-        """The run's mesh (:class:`RunMesh`, None for one device), with the rows
-        placed on its data axis (padded by :func:`shard_rows`) if they are not yet.
-
-        Returns ``(args, kwargs, pm, run_mesh)``.
-        """
-        rows = pm.private_inputs(args, kwargs)
-        placed = rows_mesh(rows)
-        mesh = None if self.mesh is None else automatic_mesh(self.mesh)
-        if placed is None and mesh is not None and mesh.shape.get(DATA_AXIS, 1) > 1:
-            if row_layout is not None:
-                raise ValueError(
-                    "row_layout was given for rows that are not on the mesh; pass the "
-                    "unpadded rows (PrivateMCMC(mesh=) places and pads them) or the "
-                    "arrays that ndp.shard_rows(mesh, ...) returned."
-                )
-            *rows, row_layout = shard_rows(mesh, *rows)
-            args, kwargs = pm.rebuild(rows)
-            pm = self.sampler.prepare(args, kwargs, row_layout)
-            placed = rows_mesh(rows)
-        if placed is not None and mesh not in (None, placed[0]):
-            raise ValueError(
-                f"The rows lie on a mesh of axes {dict(placed[0].shape)}, not on "
-                f"PrivateMCMC's mesh {dict(mesh.shape)}: place them with "
-                "ndp.shard_rows(mesh, ...) on the runner's mesh, or pass them unplaced "
-                "(the runner places them)."
-            )
-        if placed is not None:
-            mesh = placed[0]
-        elif mesh is None and self.chain_method == "parallel" and self.num_chains > 1:
-            # NumPyro pmaps the chains over num_chains devices (it has switched to
-            # "sequential" where there are fewer): a chain axis over them instead.
-            devices = np.asarray(jax.local_devices()[: self.num_chains])
-            mesh = automatic_mesh(Mesh(devices, (CHAIN_AXIS,)))
-        if mesh is None:
-            return args, kwargs, pm, None
-        chains = CHAIN_AXIS if mesh.shape.get(CHAIN_AXIS, 1) > 1 else None
-        if chains is not None and jax.process_count() > 1:
-            raise ValueError(
-                f"With {jax.process_count()} processes, split the rows over the hosts and "
-                f"run the chains as a batch: a mesh without a {CHAIN_AXIS!r} axis, e.g. "
-                f"jax.make_mesh((jax.device_count(),), ({DATA_AXIS!r},))."
-            )
-        if chains is not None and self.num_chains % mesh.shape[CHAIN_AXIS]:
-            raise ValueError(
-                f"num_chains={self.num_chains} cannot be split evenly over the mesh's "
-                f"{CHAIN_AXIS!r} axis of {mesh.shape[CHAIN_AXIS]} devices: run a multiple "
-                f"of {mesh.shape[CHAIN_AXIS]} chains, or make the axis smaller."
-            )
-        return args, kwargs, pm, RunMesh(mesh, placed and placed[1], chains)
-
-    def _tune(self, plan: TuningPlan, rng_key, pm, args, kwargs, rows: tuple, secret) -> None:
-        """Run the charged tuning releases; adopt the clips; keep the warm start."""
-        kernel = self.sampler
-        key = rng_key if is_prng_key(rng_key) else rng_key[0]
-        # Public keys of the tuning's noise draws, apart from every chain's.
-        key = jax.random.fold_in(key, TUNING_KEY_TAG)
-        key_init, key_tune = jax.random.split(key)
-        theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, PRIOR_MEDIAN))
-        result = run_tuning(
-            plan, pm, rng_key=key_tune, rows=rows, secret=secret, theta0=theta0,
-            neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,
-            sampler_noise_multiplier=kernel.noise_multiplier,
-        )
-        if result.start is None and self.tuning is not None:  # keep an earlier warm start
-            result = dataclasses.replace(result, start=self.tuning.start,
-                                         dispersion=self.tuning.dispersion,
-                                         covariance=self.tuning.covariance)
-        kernel.configure(clips=result.clips, preconditioner=result.covariance)
-        self.tuning = result
-
-    def _chain_starts(self, rng_key) -> dict | None:
-        """Each chain's start: the warm start plus its spread times a standard normal.
-
-        Post-processing of the warm start with public randomness; dispersed so
-        that R-hat can tell chains that did not leave their starts apart.
-        """
-        if self.tuning is None or self.tuning.start is None:
-            return None
-        key = rng_key if is_prng_key(rng_key) else rng_key[0]
-        key = jax.random.fold_in(key, TUNING_KEY_TAG + 1)
-        lead = (self.num_chains,) if self.num_chains > 1 else ()
-        starts = {}
-        pairs = (self.num_chains + 1) // 2
-        for name, value in self.tuning.start.items():
-            key, sub = jax.random.split(key)
-            noise = jax.random.normal(sub, (pairs,) + jnp.shape(value), jnp.result_type(value))
-            # Antithetic pairs: where the chains cannot move, their pooled mean
-            # is the warm start's, not that plus the chains' random offsets.
-            noise = jnp.stack([noise, -noise], axis=1).reshape((2 * pairs,) + jnp.shape(value))
-            noise = noise[: self.num_chains]
-            jitter = 0.0 if not lead else CHAIN_DISPERSION * self.tuning.dispersion[name] * noise
-            starts[name] = value + jitter
-        return starts
 
     @property
     def release(self):
