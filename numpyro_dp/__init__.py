@@ -8,10 +8,12 @@ The package in layers (each imports only from the ones above it):
 * :mod:`~numpyro_dp.accounting`: events, accountants, calibration, the ledger;
 * :mod:`~numpyro_dp.kernels`: the DP kernels, each declaring its cost as a
   ``DpEvent``;
-* the runner: :mod:`~numpyro_dp.mcmc` (``PrivateMCMC``),
-  :mod:`~numpyro_dp.tuning` (private clip selection and warm start),
-  :mod:`~numpyro_dp.planner` (``plan``), :mod:`~numpyro_dp.mixing`,
-  :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
+* :mod:`~numpyro_dp.runner`: :mod:`~numpyro_dp.runner.mcmc` (``PrivateMCMC``),
+  :mod:`~numpyro_dp.runner.chains`, :mod:`~numpyro_dp.runner.charging` (the ledger),
+  :mod:`~numpyro_dp.runner.budget` (the budget's decisions),
+  :mod:`~numpyro_dp.runner.tuning` (private clip selection and warm start),
+  :mod:`~numpyro_dp.runner.planning` (``plan``), :mod:`~numpyro_dp.runner.mixing`;
+  then :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
   :mod:`~numpyro_dp.numpyro_compat` (the only module that touches NumPyro's
   internals);
 * :mod:`~numpyro_dp.releases`: one-shot releases of statistics, which one to
@@ -22,7 +24,7 @@ The package in layers (each imports only from the ones above it):
   release delivers.
 """
 
-from numpyro_dp import audit, mixing
+from numpyro_dp import audit
 from numpyro_dp.accounting import (
     AccountantWarning,
     PrivacyBudgetError,
@@ -55,10 +57,7 @@ from numpyro_dp.kernels import (
     DPSGNHTState,
     DPSGState,
 )
-from numpyro_dp.mcmc import PrivateDataError, PrivateMCMC, RunPlan
-from numpyro_dp.mixing import MixingReport, MixingWarning
 from numpyro_dp.model import ModelSpecificationError, PrivateModel, RowLayout
-from numpyro_dp.planner import Plan, plan
 from numpyro_dp.primitives import secret
 from numpyro_dp.primitives.sharding import shard_rows
 from numpyro_dp.releases import fisher, linreg, mechanisms, smooth_sensitivity
@@ -69,7 +68,11 @@ from numpyro_dp.releases.noise_aware import (
 )
 from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
 from numpyro_dp.releases.score import ScoreRelease
-from numpyro_dp.tuning import TuningResult
+from numpyro_dp.runner import mixing
+from numpyro_dp.runner.mcmc import PrivateDataError, PrivateMCMC, RunPlan
+from numpyro_dp.runner.mixing import MixingReport, MixingWarning
+from numpyro_dp.runner.planning import Plan, plan
+from numpyro_dp.runner.tuning import TuningResult
 
 __version__ = "0.1.0"
 

@@ -387,7 +387,7 @@ def _check_clips_stated(kernel: DPKernel) -> None:
 def _runner(kernel: DPKernel, num_chains: int, epsilon: float | None, **options: Any):
     """A :class:`~numpyro_dp.PrivateMCMC` of an unbound copy of ``kernel`` for audit runs:
     vectorized chains, no warm start, no mixing check (``options`` may override)."""
-    from numpyro_dp.mcmc import PrivateMCMC  # the runner sits above this module's users
+    from numpyro_dp.runner.mcmc import PrivateMCMC  # the runner sits above this module's users
 
     options = {"chain_method": "vectorized", "progress_bar": False, "check_mixing": False,
                "warm_start": 0, **options}
@@ -886,12 +886,13 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
     the unbroken code either.  Never use it outside an audit: the runs inside
     the block are not private.
     """
-    from numpyro_dp import mcmc
+    from numpyro_dp.runner import charging  # the runner sits above this module's users
 
     if name not in FAULTS:
         raise ValueError(f"fault={name!r}; use one of {FAULTS}.")
     if divisor != 3.0 and name != "kernel_noise_divided":
         raise ValueError(f"divisor= applies to 'kernel_noise_divided' only, not {name!r}.")
+    hook = contextlib.nullcontext()
     # Every binding of the original, wherever a module imported it by name.
     owners = [m for n, m in list(sys.modules.items()) if n.startswith("numpyro_dp")]
     if name == "noise_halved":
@@ -908,15 +909,10 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
             weights: lambda norms, clip: jnp.where(extreme(norms), 1.0, weights(norms, clip)),
             ratios: lambda r, clip: jnp.where(extreme(r), r, ratios(r, clip)),
         }
-    elif name == "chain_not_charged":
-        entry = mcmc.PrivateMCMC._entry
-
-        def short(self, *args, **kwargs):
-            charged = entry(self, *args, **kwargs)
-            return dataclasses.replace(charged, num_chains=max(1, charged.num_chains - 1))
-
-        replacements = {entry: short}
-        owners = [mcmc.PrivateMCMC]
+    elif name == "chain_not_charged":  # the runner's hook, no function replaced
+        hook = charging.rewriting_entries(lambda charged: dataclasses.replace(
+            charged, num_chains=max(1, charged.num_chains - 1)))
+        replacements, owners = {}, []
     else:
         replacements = {made: _divided_noise(made, divisor) for made in (
             release.release_clipped_sum, base.release_llr, penalty.release_batch_sums)}
@@ -930,7 +926,8 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
     try:
         for owner, attr, original in saved:
             setattr(owner, attr, replacements[original])
-        yield
+        with hook:
+            yield
     finally:
         for owner, attr, original in saved:
             setattr(owner, attr, original)

@@ -27,8 +27,8 @@ import arviz as az
 import numpy as np
 import xarray  # a dependency of both ArviZ lines; xarray.DataTree in the annotations
 
-from numpyro_dp.mcmc import PrivateMCMC
 from numpyro_dp.numpyro_compat import has_draws
+from numpyro_dp.runner.mcmc import PrivateMCMC
 
 __all__ = ["ARVIZ_HAS_INFERENCE_DATA", "to_datatree", "to_inference_data"]
 

@@ -6,6 +6,7 @@ import jax
 import pytest
 from _support.data import make_logistic_data
 
+import numpyro_dp as ndp
 from numpyro_dp.primitives import compiled
 
 
@@ -16,9 +17,7 @@ def no_default_warm_start(request, monkeypatch):
     ``warm_start=`` still applies).  Tests marked ``warm_start`` run with the
     library's default, as a user would."""
     if request.node.get_closest_marker("warm_start") is None:
-        import numpyro_dp.mcmc
-
-        monkeypatch.setattr(numpyro_dp.mcmc, "auto_warm_start_share", lambda *a, **k: 0.0)
+        monkeypatch.setattr(ndp.PrivateMCMC, "auto_warm_start", False)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 from _support.data import logistic_model, make_logistic_data
 
 import numpyro_dp as ndp
-from numpyro_dp.mixing import ESS_LIMIT, RHAT_LIMIT, mixing_report
+from numpyro_dp.runner.mixing import ESS_LIMIT, RHAT_LIMIT, mixing_report
 
 
 def test_independent_draws_look_mixed():

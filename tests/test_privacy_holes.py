@@ -347,7 +347,7 @@ def test_9_a_multiplier_cast_to_float32_still_draws_the_charged_noise(monkeypatc
     dtype (float32 rounds it down by up to a unit roundoff); the noise scale drawn is
     still at least the charged z times the sensitivity, for the clip histograms too
     (which once multiplied without the margin)."""
-    from numpyro_dp import tuning
+    from numpyro_dp.runner import tuning
 
     rng = np.random.default_rng(0)
     z = rng.uniform(0.1, 50.0, 2000)

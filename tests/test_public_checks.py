@@ -26,6 +26,7 @@ import numpyro.distributions as dist
 import pytest
 
 import numpyro_dp as ndp
+from numpyro_dp.runner import charging
 
 N, D = 200, 3
 #: The TruncatedNormal's public upper bound.
@@ -152,13 +153,13 @@ def _runner(model, noise_multiplier=None, epsilon=1.0):
 
 def _run_to_first_charge(model, args, monkeypatch):
     """``PrivateMCMC.run`` up to and including its first charge, then stopped."""
-    charge = ndp.PrivateMCMC._charge
+    charge = charging.charge
 
-    def charge_then_stop(self, *a, **k):
-        charge(self, *a, **k)
+    def charge_then_stop(mcmc, *a, **k):
+        charge(mcmc, *a, **k)
         raise _Stopped("charged")
 
-    monkeypatch.setattr(ndp.PrivateMCMC, "_charge", charge_then_stop)
+    monkeypatch.setattr(charging, "charge", charge_then_stop)
     mcmc = _runner(model)
     try:
         mcmc.run(jax.random.PRNGKey(0), *args)

@@ -19,10 +19,10 @@ from _support.data import (
 from _support.stats import assert_mmd_within_exact_spread
 
 import numpyro_dp as ndp
-from numpyro_dp import tuning
 from numpyro_dp.accounting import epsilon_spent
 from numpyro_dp.kernels.base import ClipRequest
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.runner import budget, charging, planning, tuning
 
 DELTA = 1e-6
 pytestmark = pytest.mark.warm_start  # the library's defaults, as a user runs them
@@ -349,8 +349,8 @@ def test_default_run_selects_clips_and_warm_starts_within_budget(data):
     steps = tuning.WARM_START_STEPS // tuning.WARM_START_STAGES
     assert [e.count for e in entries[1].per_iteration.events] == [steps, steps, steps, 1]
     ledger = mcmc.ledger.entries
-    share = mcmc._warm_start_share()  # "auto": public facts choose one of two shares
-    assert share in (tuning.WARM_START_SHARE, ndp.planner.STUCK_WARM_START_SHARE)
+    share = charging.warm_start_share(mcmc)  # "auto": public facts choose one of two shares
+    assert share in (tuning.WARM_START_SHARE, budget.STUCK_WARM_START_SHARE)
     assert alone(ledger[:2]) <= (share + tuning.CLIP_SELECTION_SHARE) * 2.0
     assert 2.0 - 1e-2 <= mcmc.privacy_spent().epsilon <= 2.0
     assert kernel.llr_clip == mcmc.tuning.clips["llr_clip"] > 0
@@ -481,17 +481,17 @@ def test_planner_recommends_the_release_where_chains_cannot_mix():
     X, y = make_logistic_data(50_000, 3)
     kwargs = dict(epsilon=3.0, delta=1e-7, num_warmup=2000, num_samples=2000)
     bernoulli = ndp.plan(glm, X, y, **kwargs)
-    assert bernoulli.travel_sds < ndp.planner.FEASIBLE_TRAVEL
+    assert bernoulli.travel_sds < planning.FEASIBLE_TRAVEL
     assert bernoulli.route == "NoiseAwareNUTS" and isinstance(bernoulli.kernel,
                                                               ndp.NoiseAwareNUTS)
     assert bernoulli.verdict == "feasible"
-    assert bernoulli.expected_error_sds <= ndp.planner.FEASIBLE_ERROR
+    assert bernoulli.expected_error_sds <= planning.FEASIBLE_ERROR
     assert bernoulli.sd_ratio == pytest.approx(np.sqrt(1 + bernoulli.expected_error_sds**2))
     poisson = ndp.plan(glm, X, y, family=dist.Poisson, **kwargs)
     assert poisson.route == "NoiseAwareNUTS" and poisson.verdict == "marginal"
     assert any("unbounded" in a for a in poisson.advice)
     mixing = ndp.plan(glm, X, y, **{**kwargs, "epsilon": 300.0})
-    assert mixing.travel_sds >= ndp.planner.FEASIBLE_TRAVEL
+    assert mixing.travel_sds >= planning.FEASIBLE_TRAVEL
     assert mixing.route == "DPPenalty" and isinstance(mixing.kernel, ndp.DPPenalty)
     for plan in (bernoulli, poisson, mixing):
         text = str(plan)

@@ -214,8 +214,8 @@ def noise_aware_route(
     :class:`~numpyro_dp.CalibrationWarning` (which :func:`sbc` counts; the one that
     names a model's positive latents is the model's, the same in every run, and is
     left out); draws of the latent sites."""
-    from numpyro_dp.mcmc import PrivateMCMC
     from numpyro_dp.releases.noise_aware import CalibrationWarning, NoiseAwareNUTS
+    from numpyro_dp.runner.mcmc import PrivateMCMC
 
     def route(key, *args, **kwargs):
         mcmc = PrivateMCMC(NoiseAwareNUTS(model, **kernel_options), num_warmup=num_warmup,

@@ -80,7 +80,7 @@ class RunInputs(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ClipRequest:
-    """A clip a kernel was built without, to be chosen privately (:mod:`numpyro_dp.tuning`).
+    """A clip a kernel was built without, to be chosen privately (:mod:`numpyro_dp.runner.tuning`).
 
     Attributes
     ----------
@@ -365,7 +365,7 @@ class DPKernel(MCMCKernel):
     #: (:meth:`release_entries`, :meth:`make_release`), whose iterations cost nothing.
     releases_once: bool = False
     #: The warm start's share of epsilon when ``PrivateMCMC(warm_start="auto")``
-    #: (None: the planner's, :func:`~numpyro_dp.planner.auto_warm_start_share`).
+    #: (None: the runner's, :func:`~numpyro_dp.runner.budget.auto_warm_start_share`).
     warm_start_share: float | None = None
     #: Public parameters the compiled sampler takes as arguments rather than
     #: constants: the clips PrivateMCMC chooses privately are new numbers on
@@ -618,7 +618,7 @@ class DPKernel(MCMCKernel):
     def _moves_freely(self) -> bool:
         """Whether one noise-limited step spans :data:`FREE_STEP_SDS` unit-information sds.
 
-        ``sqrt(n) / (Delta_factor z)`` (the planner's step, :mod:`numpyro_dp.planner`):
+        ``sqrt(n) / (Delta_factor z)`` (the planner's step, :mod:`numpyro_dp.runner.planning`):
         public.  Then the chains move enough for their warm-up draws to estimate
         a mass matrix (proposal covariance), which may also correct directions
         that the warm start's noisy curvature could not resolve.

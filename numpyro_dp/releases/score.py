@@ -9,8 +9,8 @@ stage's posterior covariance (the prior's at the first).  A stage releases
 
 * two histograms of the rows' whitened gradient norms and Hessian norms at
   its anchor ``theta_k``, which choose its clips
-  (:func:`~numpyro_dp.tuning.histogram_quantile` with the bias-balanced cap
-  :func:`~numpyro_dp.tuning.clip_rows_above`: a clip cuts no more rows than its
+  (:func:`~numpyro_dp.runner.tuning.histogram_quantile` with the bias-balanced cap
+  :func:`~numpyro_dp.runner.tuning.clip_rows_above`: a clip cuts no more rows than its
   release's noise warrants);
 * the score ``g = R sum_i clip_C(R^-1 L^T grad l_i(theta_k)) + N(0, sigma_g^2 R^2)``,
   ``R`` the room of :func:`score_room` (more reach for a noise scale's long-tailed
@@ -61,7 +61,7 @@ from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.row_statistics import clipped_grad_and_hessian_sums
 from numpyro_dp.primitives.secret import noise_key
-from numpyro_dp.tuning import (
+from numpyro_dp.runner.tuning import (
     SCALE_GRID,
     TYPICAL_CLIPS,
     clip_rows_above,
@@ -120,7 +120,7 @@ CURVATURE_FLOOR = 1.0
 #: noisy, and the full step would overshoot by far; the next stage corrects.
 MAX_STEP = 3.0
 #: Quantile of the rows' whitened scales below which the clips lie at most
-#: (fewer rows cut where the noise is small: :func:`~numpyro_dp.tuning.clip_rows_above`).
+#: (fewer rows cut where the noise is small: :func:`~numpyro_dp.runner.tuning.clip_rows_above`).
 RELEASE_QUANTILE = 0.99
 #: The quadratic model of the log-likelihood around the anchor is trusted only
 #: within this many whitened units (about the anchor's posterior sds) of the
@@ -681,7 +681,7 @@ def _newton_step(theta, whiten, g, curvature, curvature_sd, prior_grad, prior_he
 def release_clip(counts: np.ndarray, num_rows: int, noise_sd: float,
                  max_rows_above: float, typical: float) -> float:
     """A stage's clip from its released histogram (post-processing): the
-    :data:`RELEASE_QUANTILE` quantile of :func:`~numpyro_dp.tuning.histogram_quantile`,
+    :data:`RELEASE_QUANTILE` quantile of :func:`~numpyro_dp.runner.tuning.histogram_quantile`,
     cutting at most ``max_rows_above`` rows, and at least :data:`TYPICAL_CLIPS` times
     ``typical``, a row's typical whitened value from public facts.
 

@@ -58,10 +58,8 @@ import numpyro.distributions as dist
 
 from numpyro_dp.accounting import (
     PrivacyBudgetError,
-    calibrate_gaussian,
     check_budget,
     check_delta_for_rows,
-    gaussian_mu,
     sensitivity_factor,
 )
 from numpyro_dp.kernels.penalty import DPPenalty
@@ -74,19 +72,12 @@ from numpyro_dp.releases.score import (
     curvature_noise,
     release_noise,
 )
-from numpyro_dp.tuning import (
-    CLIP_SELECTION_SHARE,
-    TYPICAL_CLIPS,
-    WARM_START_SHARE,
-    plan_tuning,
-)
+from numpyro_dp.runner.budget import auto_warm_start_share, gaussian_run_noise, travel_sds
+from numpyro_dp.runner.tuning import CLIP_SELECTION_SHARE, TYPICAL_CLIPS, plan_tuning
 
 #: Travel (unit-information posterior sds) from which the per-iteration route is
 #: recommended (its chains can mix).
 FEASIBLE_TRAVEL = 60.0
-#: Travel below which the warm start takes most of a per-iteration run's budget
-#: (:data:`STUCK_WARM_START_SHARE`).
-MARGINAL_TRAVEL = 20.0
 #: ``NoiseAwareNUTS``'s expected error per direction (:func:`noise_aware_error_sds`,
 #: posterior sds) up to which a plan is feasible, and marginal: its intervals are
 #: then about ``sqrt(1 + e^2)``, 1.12 and 1.8 times as wide as the rows alone allow.
@@ -98,13 +89,6 @@ MAX_ADVISED_EPSILON = 1e4
 #: whitened gradients, ``sqrt(d / n)`` at unit information (on statsmodels'
 #: ``fair``, a clip of 0.125 at sqrt(d / n) = 0.0376).
 START_CLIP_RMS = 3.3
-#: The warm start's share of epsilon (``warm_start="auto"``, the default) when
-#: the sampler at the usual share (:data:`~numpyro_dp.tuning.WARM_START_SHARE`)
-#: would travel less than :data:`MARGINAL_TRAVEL`: its chains then stay near
-#: where they start, so the start, a noise-aware Laplace approximation, gets
-#: most of the budget.  On statsmodels' ``fair`` at epsilon = 3 the start's
-#: largest error was 1.5-3.5 NUTS sds over three seeds at 0.9 and 2-8 at 0.3.
-STUCK_WARM_START_SHARE = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,60 +212,11 @@ def start_error_sds(num_rows: int, num_params: int, tuning, factor: float) -> fl
     return factor * z * START_CLIP_RMS * math.sqrt(num_params / num_rows) / math.sqrt(m)
 
 
-def travel_sds(num_rows: int, num_params: int, z: float, iterations: int, factor: float):
-    """``(step, travel)`` in unit-information posterior sds (module docstring)."""
-    step = math.sqrt(num_rows) / (factor * z)
-    return step, step * math.sqrt(iterations / num_params)
-
-
-def _sampler_noise(epsilon, delta, tuning_event, iterations, num_chains) -> float:
-    """The sampler's per-iteration ``z`` after the tuning: Gaussian events compose in ``mu^2``."""
-    mu2 = calibrate_gaussian(epsilon, delta) ** -2
-    tuning_mu2 = 0.0 if tuning_event is None else gaussian_mu(tuning_event) ** 2
-    return math.sqrt(iterations * num_chains / (mu2 - tuning_mu2)) * (1 + 1e-9)
-
-
-def auto_warm_start_share(
-    epsilon: float,
-    delta: float,
-    num_rows: int,
-    num_params: int,
-    iterations: int,
-    num_chains: int,
-    *,
-    clip_selection: float,
-    warm_start_steps: int | None,
-    neighbourhood: str,
-    noise_scale: bool = False,
-) -> float:
-    """``warm_start="auto"``: the usual share, or :data:`STUCK_WARM_START_SHARE`
-    when the sampler could not travel :data:`MARGINAL_TRAVEL` at the usual one.
-
-    Public facts only (``n``, ``d``, the budget, the run's shape, and whether the
-    likelihood reads a noise scale).
-    """
-    try:
-        tuning = plan_tuning(epsilon, delta, warm_start=WARM_START_SHARE,
-                             clip_selection=clip_selection, requests=(), warm_start_clip=None,
-                             warm_start_steps=warm_start_steps, num_rows=num_rows,
-                             num_params=num_params, neighbourhood=neighbourhood,
-                             noise_scale=noise_scale)
-        z = _sampler_noise(epsilon, delta, None if tuning is None else tuning.event(),
-                           iterations, num_chains)
-    except (PrivacyBudgetError, ValueError):  # the run itself will say why it cannot be paid
-        return WARM_START_SHARE
-    _, travel = travel_sds(num_rows, num_params, z, iterations, sensitivity_factor(neighbourhood))
-    if travel >= MARGINAL_TRAVEL:
-        return WARM_START_SHARE
-    # Leave the sampler a share: (warm_start + clip_selection) < 1.
-    return min(STUCK_WARM_START_SHARE, 0.9 - clip_selection)
-
-
 def noise_aware_error_sds(noise_multiplier: float, num_released: int, num_rows: int,
                           factor: float) -> float:
     """``NoiseAwareNUTS``'s expected error per direction, in posterior sds, from public
     facts: the noise of its score release in whitened coordinates (where the posterior's
-    sds are 1) at the least clip it takes, :data:`~numpyro_dp.tuning.TYPICAL_CLIPS` rows'
+    sds are 1) at the least clip it takes, :data:`~numpyro_dp.runner.tuning.TYPICAL_CLIPS` rows'
     typical whitened score ``sqrt(k / n)``, with the release phase's noise multiplier
     ``z`` split as the run splits it (:func:`~numpyro_dp.releases.score.release_noise`).
     A lower bound: heavier tails raise the clip, and an anchor far from the mode adds
@@ -393,8 +328,7 @@ def plan(
                              requests=(), warm_start_clip=None,
                              warm_start_steps=warm_start_steps, num_rows=n, num_params=d,
                              neighbourhood=neighbourhood, noise_scale=pm.likelihood_reads_scale)
-        z = _sampler_noise(eps, delta, None if tuning is None else tuning.event(), iterations,
-                           num_chains)
+        z = gaussian_run_noise(eps, delta, tuning, iterations, num_chains)
         step, travel = travel_sds(n, d, z, iterations, factor)
         return tuning, z, step, travel, start_error_sds(n, d, tuning, factor)
 
@@ -416,7 +350,7 @@ def plan(
                              warm_start_steps=warm_start_steps, num_rows=n, num_params=d,
                              neighbourhood=neighbourhood, noise_scale=noise_scale)
         try:
-            z = _sampler_noise(eps, delta, None if tuning is None else tuning.event(), 1, 1)
+            z = gaussian_run_noise(eps, delta, tuning, 1, 1)
         except (PrivacyBudgetError, ValueError):
             return math.inf, math.inf, True
         refused = curvature_noise(z, k, n, factor, RELEASE_CURVATURE_SHARES[1]) > (

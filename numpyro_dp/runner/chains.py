@@ -1,0 +1,219 @@
+"""The chains of a :class:`~numpyro_dp.PrivateMCMC` call: how many (checked against
+what is charged, before any charge), on which devices, and where they start (the
+tuning releases, already charged, then the warm start dispersed).
+
+Functions of the runner; the budget's decisions are :mod:`numpyro_dp.runner.budget`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from numpyro.util import is_prng_key
+
+from numpyro_dp.model.layout import RowLayout
+from numpyro_dp.numpyro_compat import warmup_state
+from numpyro_dp.primitives.sharding import (
+    CHAIN_AXIS,
+    DATA_AXIS,
+    RunMesh,
+    automatic_mesh,
+    check_run_mesh,
+    rows_mesh,
+    shard_rows,
+)
+from numpyro_dp.runner.tuning import PRIOR_MEDIAN, TuningPlan, run_tuning
+
+#: Folded into the user's key to give the tuning releases their own public keys.
+TUNING_KEY_TAG = 0x74756E65
+#: Chains start at the warm start plus this many times its dispersion (per
+#: coordinate, :class:`~numpyro_dp.TuningResult`) times a standard normal, in
+#: antithetic pairs: spread like its noise-aware Laplace approximation, so that
+#: R-hat can tell chains that stayed apart and frozen chains still pool to a
+#: sensible approximation.
+CHAIN_DISPERSION = 1.0
+
+
+def first_key(rng_key):
+    """The call's key, or the first chain's of a batch of keys."""
+    return rng_key if is_prng_key(rng_key) else rng_key[0]
+
+
+# ------------------------------------------------------------------ checks
+def check_chain_options(num_chains, chain_method: str, mesh, max_noise_multiplier) -> None:
+    """``PrivateMCMC``'s chain options: the chains run are the chains charged."""
+    if not isinstance(num_chains, int) or num_chains < 1:
+        raise ValueError("num_chains must be a positive integer")
+    if chain_method not in ("parallel", "sequential", "vectorized"):
+        raise ValueError(
+            f"chain_method={chain_method!r}: use 'parallel', 'sequential' or "
+            "'vectorized'. A custom chain method could run other chains than "
+            "the num_chains that are charged."
+        )
+    if mesh is not None:
+        check_run_mesh(mesh)
+    if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
+        raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
+
+
+def check_extra_fields(kernel, extra_fields) -> None:
+    """Only the kernel's private-safe fields may be published with the draws."""
+    for field in extra_fields:
+        top = field.lstrip("~").split(".")[0]
+        if top not in kernel.private_safe_fields:
+            raise ValueError(
+                f"extra field {field!r} is not a private-safe field of "
+                f"{type(kernel).__name__}; allowed: {kernel.private_safe_fields}."
+            )
+
+
+def check_keys(mcmc, rng_key) -> None:
+    """One key, or exactly ``num_chains`` keys: the number of chains charged."""
+    if is_prng_key(rng_key):
+        return
+    shape = jnp.shape(rng_key)
+    typed = jnp.issubdtype(jnp.asarray(rng_key).dtype, jax.dtypes.prng_key)
+    batch = shape[:-1] if not typed else shape
+    if mcmc.num_chains > 1 and batch == (mcmc.num_chains,):
+        return
+    raise ValueError(
+        f"rng_key must be one PRNG key or a batch of exactly num_chains="
+        f"{mcmc.num_chains} keys (one per chain); got a batch of shape {batch}. "
+        "Each chain is charged to the privacy budget, so the number of chains run "
+        "must be the number planned: pass one key, or set num_chains."
+    )
+
+
+def check_init_params(mcmc, init_params, param_shapes: dict) -> None:
+    if init_params is None:
+        return
+    if not isinstance(init_params, dict) or set(init_params) != set(param_shapes):
+        raise ValueError(
+            f"init_params must be a dict of unconstrained values for the latent "
+            f"sites {sorted(param_shapes)}."
+        )
+    lead = (mcmc.num_chains,) if mcmc.num_chains > 1 else ()
+    for name, shape in param_shapes.items():
+        if tuple(jnp.shape(init_params[name])) != lead + shape:
+            raise ValueError(
+                f"init_params[{name!r}] has shape {tuple(jnp.shape(init_params[name]))}; "
+                f"with num_chains={mcmc.num_chains} it must be {lead + shape} "
+                "(one value per chain: each chain is charged)."
+            )
+
+
+def check_post_warmup_state(mcmc) -> None:
+    state = warmup_state(mcmc)
+    if state is None:
+        return
+    lead = (mcmc.num_chains,) if mcmc.num_chains > 1 else ()
+    if tuple(jnp.shape(getattr(state, "i", ()))) != lead:
+        raise ValueError(
+            f"post_warmup_state holds {jnp.shape(getattr(state, 'i', ()))[:1] or 1} "
+            f"chain(s) but num_chains={mcmc.num_chains}: continue the chains the "
+            "state holds (each chain run is charged)."
+        )
+
+
+# ----------------------------------------------------------------- devices
+def place(mcmc, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
+    """The run's mesh (:class:`RunMesh`, None for one device), with the rows
+    placed on its data axis (padded by :func:`shard_rows`) if they are not yet.
+
+    Returns ``(args, kwargs, pm, run_mesh)``.
+    """
+    rows = pm.private_inputs(args, kwargs)
+    placed = rows_mesh(rows)
+    mesh = None if mcmc.mesh is None else automatic_mesh(mcmc.mesh)
+    if placed is None and mesh is not None and mesh.shape.get(DATA_AXIS, 1) > 1:
+        if row_layout is not None:
+            raise ValueError(
+                "row_layout was given for rows that are not on the mesh; pass the "
+                "unpadded rows (PrivateMCMC(mesh=) places and pads them) or the "
+                "arrays that ndp.shard_rows(mesh, ...) returned."
+            )
+        *rows, row_layout = shard_rows(mesh, *rows)
+        args, kwargs = pm.rebuild(rows)
+        pm = mcmc.sampler.prepare(args, kwargs, row_layout)
+        placed = rows_mesh(rows)
+    if placed is not None and mesh not in (None, placed[0]):
+        raise ValueError(
+            f"The rows lie on a mesh of axes {dict(placed[0].shape)}, not on "
+            f"PrivateMCMC's mesh {dict(mesh.shape)}: place them with "
+            "ndp.shard_rows(mesh, ...) on the runner's mesh, or pass them unplaced "
+            "(the runner places them)."
+        )
+    if placed is not None:
+        mesh = placed[0]
+    elif mesh is None and mcmc.chain_method == "parallel" and mcmc.num_chains > 1:
+        # NumPyro pmaps the chains over num_chains devices (it has switched to
+        # "sequential" where there are fewer): a chain axis over them instead.
+        devices = np.asarray(jax.local_devices()[: mcmc.num_chains])
+        mesh = automatic_mesh(Mesh(devices, (CHAIN_AXIS,)))
+    if mesh is None:
+        return args, kwargs, pm, None
+    chains = CHAIN_AXIS if mesh.shape.get(CHAIN_AXIS, 1) > 1 else None
+    if chains is not None and jax.process_count() > 1:
+        raise ValueError(
+            f"With {jax.process_count()} processes, split the rows over the hosts and "
+            f"run the chains as a batch: a mesh without a {CHAIN_AXIS!r} axis, e.g. "
+            f"jax.make_mesh((jax.device_count(),), ({DATA_AXIS!r},))."
+        )
+    if chains is not None and mcmc.num_chains % mesh.shape[CHAIN_AXIS]:
+        raise ValueError(
+            f"num_chains={mcmc.num_chains} cannot be split evenly over the mesh's "
+            f"{CHAIN_AXIS!r} axis of {mesh.shape[CHAIN_AXIS]} devices: run a multiple "
+            f"of {mesh.shape[CHAIN_AXIS]} chains, or make the axis smaller."
+        )
+    return args, kwargs, pm, RunMesh(mesh, placed and placed[1], chains)
+
+
+# ------------------------------------------------------------------ starts
+def tune(mcmc, plan: TuningPlan, rng_key, pm, args, kwargs, rows: tuple, secret) -> None:
+    """Run the charged tuning releases; adopt the clips; keep the warm start."""
+    kernel = mcmc.sampler
+    key = first_key(rng_key)
+    # Public keys of the tuning's noise draws, apart from every chain's.
+    key = jax.random.fold_in(key, TUNING_KEY_TAG)
+    key_init, key_tune = jax.random.split(key)
+    theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, PRIOR_MEDIAN))
+    result = run_tuning(
+        plan, pm, rng_key=key_tune, rows=rows, secret=secret, theta0=theta0,
+        neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,
+        sampler_noise_multiplier=kernel.noise_multiplier,
+    )
+    if result.start is None and mcmc.tuning is not None:  # keep an earlier warm start
+        result = dataclasses.replace(result, start=mcmc.tuning.start,
+                                     dispersion=mcmc.tuning.dispersion,
+                                     covariance=mcmc.tuning.covariance)
+    kernel.configure(clips=result.clips, preconditioner=result.covariance)
+    mcmc.tuning = result
+
+
+def starts(mcmc, rng_key) -> dict | None:
+    """Each chain's start: the warm start plus its spread times a standard normal.
+
+    Post-processing of the warm start with public randomness; dispersed so
+    that R-hat can tell chains that did not leave their starts apart.
+    """
+    if mcmc.tuning is None or mcmc.tuning.start is None:
+        return None
+    key = first_key(rng_key)
+    key = jax.random.fold_in(key, TUNING_KEY_TAG + 1)
+    lead = (mcmc.num_chains,) if mcmc.num_chains > 1 else ()
+    starts = {}
+    pairs = (mcmc.num_chains + 1) // 2
+    for name, value in mcmc.tuning.start.items():
+        key, sub = jax.random.split(key)
+        noise = jax.random.normal(sub, (pairs,) + jnp.shape(value), jnp.result_type(value))
+        # Antithetic pairs: where the chains cannot move, their pooled mean
+        # is the warm start's, not that plus the chains' random offsets.
+        noise = jnp.stack([noise, -noise], axis=1).reshape((2 * pairs,) + jnp.shape(value))
+        noise = noise[: mcmc.num_chains]
+        jitter = 0.0 if not lead else CHAIN_DISPERSION * mcmc.tuning.dispersion[name] * noise
+        starts[name] = value + jitter
+    return starts
