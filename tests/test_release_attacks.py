@@ -21,6 +21,8 @@ import numpyro_dp as ndp
 from numpyro_dp.primitives import release as gate
 from numpyro_dp.releases import linreg as lr
 from numpyro_dp.releases import mechanisms as mech
+from numpyro_dp.releases.linreg_release import count_weight
+from numpyro_dp.releases.row_products import computed_bound
 
 KEY = random.PRNGKey(0)
 
@@ -135,8 +137,8 @@ def statistics(rel):
     iu = np.triu_indices(d)
     parts = [rel.S_hat[:, iu[0], iu[1]], rel.z_hat, rel.yty[:, None]]
     if rel.neighbourhood == "add_remove":
-        weight = lr.count_weight(mech.computed_bound(rel.x_bound, d),
-                                 mech.computed_bound(rel.y_bound, 1), "add_remove")
+        weight = count_weight(computed_bound(rel.x_bound, d),
+                              computed_bound(rel.y_bound, 1), "add_remove")
         parts.append(weight * np.asarray(rel.n_rows)[:, None])
     return np.concatenate(parts, axis=1).ravel()
 
@@ -154,7 +156,7 @@ def test_one_row_moves_the_holders_statistics_by_at_most_the_charged_sensitivity
     base = lr.release_linreg_stats(KEY, Xs, ys, **options)
     charged = base.sigma / base.entry.per_iteration.noise_multiplier
     nominal = np.hypot(lr.linreg_sensitivity(1.0, 1.0, neighbourhood),
-                       lr.count_weight(1.0, 1.0, neighbourhood))
+                       count_weight(1.0, 1.0, neighbourhood))
     assert nominal < charged < nominal * (1 + 1e-6)
     worst = 0.0
     for j in range(3):
@@ -184,8 +186,8 @@ def test_add_remove_publishes_nothing_exact_about_the_row_counts():
     assert rels[0].sigma == rels[1].sigma and rels[0].entry == rels[1].entry
     for rel in rels:
         assert rel.n_rows.shape == (3,) and not np.any(np.isin(rel.n_rows, [332, 333]))
-    sd = rels[0].sigma / lr.count_weight(mech.computed_bound(1.0, 2), mech.computed_bound(1.0, 1),
-                                         "add_remove")
+    sd = rels[0].sigma / count_weight(computed_bound(1.0, 2), computed_bound(1.0, 1),
+                                      "add_remove")
     assert 10 < sd < 40  # about noise_multiplier / COUNT_WEIGHT rows at epsilon = 1
     # the noisy counts serve normalX as they are
     lr.fit(random.PRNGKey(1), rels[0], "normalX", num_warmup=20, num_samples=20)

@@ -208,7 +208,7 @@ def grid_plan(
     sensitivity : float
         l2 (Gaussian) or l1 (Laplace) sensitivity of the exact statistic, for
         rows within the bounds *as computed*
-        (:func:`numpyro_dp.releases.mechanisms.computed_bound`).
+        (:func:`numpyro_dp.releases.row_products.computed_bound`).
     dim : int
         Number of released coordinates.
     magnitude : float

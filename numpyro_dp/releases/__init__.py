@@ -1,7 +1,9 @@
 """Releases of statistics, and inference from them (Alparslan 2023).
 
-* :mod:`~numpyro_dp.releases.mechanisms`: one-shot Gaussian, Laplace and
-  randomized-response releases, charged to a ledger;
+* :mod:`~numpyro_dp.releases.mechanisms`: one-shot Gaussian, Laplace,
+  randomized-response and ``X^T X`` releases, charged to a ledger;
+* :mod:`~numpyro_dp.releases.row_products`: the sums of row products those
+  releases compute (``X^T X``, ``X^T y``), in float64, with their error bounds;
 * :mod:`~numpyro_dp.releases.fisher`: which statistic to release, by the
   Fisher information of its noisy release (``ndp.fisher.rank_statistics``);
 * :mod:`~numpyro_dp.releases.smooth_sensitivity`: the smooth sensitivity of a
@@ -13,6 +15,8 @@
 * :mod:`~numpyro_dp.releases.score` and :mod:`~numpyro_dp.releases.noise_aware`:
   one release of a model's whitened score and curvature at a private anchor,
   and NUTS on its noise-aware model (``ndp.NoiseAwareNUTS``, SPEC s12);
-* :mod:`~numpyro_dp.releases.linreg`: Bayesian linear regression from
-  privately released sufficient statistics (``ndp.linreg``).
+* :mod:`~numpyro_dp.releases.linreg_release`: the release of linear
+  regression's sufficient statistics by J data holders, and adaSSP;
+* :mod:`~numpyro_dp.releases.linreg`: Bayesian linear regression from those
+  released statistics (``ndp.linreg``, which offers the release functions too).
 """
