@@ -11,7 +11,9 @@ The package in layers (each imports only from the ones above it):
 * :mod:`~numpyro_dp.runner`: :mod:`~numpyro_dp.runner.mcmc` (``PrivateMCMC``),
   :mod:`~numpyro_dp.runner.chains`, :mod:`~numpyro_dp.runner.charging` (the ledger),
   :mod:`~numpyro_dp.runner.budget` (the budget's decisions),
-  :mod:`~numpyro_dp.runner.tuning` (private clip selection and warm start),
+  :mod:`~numpyro_dp.runner.tuning` (the private tuning: planned and run),
+  :mod:`~numpyro_dp.runner.clip_selection` (private clip selection),
+  :mod:`~numpyro_dp.runner.warm_start` (the private warm start),
   :mod:`~numpyro_dp.runner.planning` (``plan``), :mod:`~numpyro_dp.runner.mixing`;
   then :mod:`~numpyro_dp.inference_data` (ArviZ exports) and
   :mod:`~numpyro_dp.numpyro_compat` (the only module that touches NumPyro's
@@ -67,7 +69,7 @@ from numpyro_dp.releases.noise_aware import (
     UnusableReleaseError,
 )
 from numpyro_dp.releases.pseudo_marginal import MH, MHAAR, PMMH
-from numpyro_dp.releases.score import ScoreRelease
+from numpyro_dp.releases.score_release import ScoreRelease
 from numpyro_dp.runner import mixing
 from numpyro_dp.runner.mcmc import PrivateDataError, PrivateMCMC, RunPlan
 from numpyro_dp.runner.mixing import MixingReport, MixingWarning

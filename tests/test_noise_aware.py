@@ -21,7 +21,8 @@ from numpyro.infer import MCMC, NUTS, Predictive
 import numpyro_dp as ndp
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives import row_statistics
-from numpyro_dp.releases import noise_aware, score
+from numpyro_dp.releases import noise_aware, score, score_budget, score_release
+from numpyro_dp.runner import clip_selection, warm_start
 
 N, D = 2000, 2
 EPSILON, DELTA = 3.0, 1e-6
@@ -219,8 +220,8 @@ def test_stage_noise_adds_up_to_the_phase():
     """The stages' Gaussian releases form one mechanism of the phase's noise multiplier."""
     for z, d, n in [(3.7, 9, 6366), (3.7, 30, 500), (0.5, 9, 10**5)]:
         mu2 = 0.0
-        for stage in range(len(score.STAGE_SHARES)):
-            z_hist, z_score, z_curv = score.release_noise(z, stage, d, n, 2.0)
+        for stage in range(len(score_budget.STAGE_SHARES)):
+            z_hist, z_score, z_curv = score_budget.release_noise(z, stage, d, n, 2.0)
             mu2 += 2 / z_hist**2 + 1 / z_score**2 + 1 / z_curv**2
         assert mu2 <= 1 / z**2 and mu2 == pytest.approx(1 / z**2, rel=1e-8)
 
@@ -229,17 +230,18 @@ def test_the_last_curvature_takes_more_where_its_noise_would_drown_it():
     """The last stage's curvature share grows with the noise and the dimension and
     shrinks with the rows, between its bounds, from public facts only; where it is
     raised, its noise's spectral scale is the target."""
-    least, largest = score.RELEASE_CURVATURE_SHARES
-    share = score.release_curvature_share
+    least, largest = score_budget.RELEASE_CURVATURE_SHARES
+    share = score_budget.release_curvature_share
     assert share(0.5, 9, 10**5, 2.0) == least
     assert share(50.0, 9, 100, 2.0) == largest
     shares = [share(z, 9, 6366, 2.0) for z in (1.0, 2.0, 4.0, 6.0, 8.0)]
     assert shares == sorted(shares) and least < shares[2] < largest
     assert share(4.0, 9, 6366, 1.0) < shares[2] and share(4.0, 9, 20000, 2.0) < shares[2]
     z, d, n = 4.0, 9, 6366
-    z_curv = score.release_noise(z, 1, d, n, 2.0)[2]
-    sigma_h = z_curv * 2.0 * score.TYPICAL_CLIPS * d / n
-    assert 2 * sigma_h * math.sqrt(d) == pytest.approx(score.CURVATURE_NOISE_TARGET, rel=1e-6)
+    z_curv = score_budget.release_noise(z, 1, d, n, 2.0)[2]
+    sigma_h = z_curv * 2.0 * warm_start.TYPICAL_CLIPS * d / n
+    assert 2 * sigma_h * math.sqrt(d) == pytest.approx(score_budget.CURVATURE_NOISE_TARGET,
+                                                       rel=1e-6)
 
 
 def test_combined_scores_are_unbiased_with_the_stated_covariance():
@@ -327,7 +329,7 @@ def test_the_surrogate_likelihood_is_gaussian_with_the_noise_at_the_mode(fitted)
     one-step estimator's sampling law (SPEC s12)."""
     release = dataclasses.replace(fitted.release, curvature_sd=0.05)
     d = release.num_params
-    k, g = score.psd(release.curvature), release.score
+    k, g = score_release.psd(release.curvature), release.score
     mode = release.whitened_mode()
     covariance = release.likelihood_covariance()
     np.testing.assert_allclose(
@@ -384,7 +386,7 @@ def test_a_noise_scale_gets_room_in_the_score_clip(seed):
     whiten = jnp.diag(pm.ravel({  # about the posterior sds
         "b0": sigma / np.sqrt(n), "w": jnp.full(2, sigma / np.sqrt(n / 3)),
         "sigma": 1 / np.sqrt(2 * n)}))
-    clip = score.TYPICAL_CLIPS * np.sqrt(4 / n)
+    clip = warm_start.TYPICAL_CLIPS * np.sqrt(4 / n)
 
     def total(clip, room=None):
         hi, lo = row_statistics.clipped_grad_and_hessian_sums(
@@ -407,11 +409,11 @@ def test_a_clip_is_never_below_a_rows_typical_whitened_value():
     above that, they set it."""
     n, d = 2000, 5
     typical = np.sqrt(d / n)
-    edges = score.SCALE_GRID
+    edges = clip_selection.SCALE_GRID
     counts = np.zeros(edges.size + 1)
     counts[np.searchsorted(edges, typical / 2)] = n  # all rows, one bin, no noise
     low = score.release_clip(counts, n, 0.0, 10.0, typical)
-    assert low == score.TYPICAL_CLIPS * typical
+    assert low == warm_start.TYPICAL_CLIPS * typical
     counts[np.searchsorted(edges, 100 * typical)] = 500  # heavy rows the histogram sees
     assert score.release_clip(counts, n, 0.0, 10.0, typical) > 100 * typical
 
@@ -421,9 +423,9 @@ def test_a_release_whose_anchor_is_far_from_its_mode_is_refused(fitted):
     after its charge (post-processing: it says how far); passed back explicitly, it is
     sampled with a CalibrationWarning, the user's choice."""
     release = fitted.release
-    k = score.psd(release.curvature)
+    k = score_release.psd(release.curvature)
     far = dataclasses.replace(release, score=k @ np.full(release.num_params, 40.0))
-    assert far.anchor_distance() > score.MAX_MODEL_DISTANCE
+    assert far.anchor_distance() > score_release.MAX_MODEL_DISTANCE
     with pytest.raises(ndp.UnusableReleaseError, match="anchor lies 40"):
         noise_aware.check_release(far, refuse=True)
     with pytest.warns(ndp.CalibrationWarning, match="40"):

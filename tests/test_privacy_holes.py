@@ -347,7 +347,7 @@ def test_9_a_multiplier_cast_to_float32_still_draws_the_charged_noise(monkeypatc
     dtype (float32 rounds it down by up to a unit roundoff); the noise scale drawn is
     still at least the charged z times the sensitivity, for the clip histograms too
     (which once multiplied without the margin)."""
-    from numpyro_dp.runner import tuning
+    from numpyro_dp.runner import clip_selection
 
     rng = np.random.default_rng(0)
     z = rng.uniform(0.1, 50.0, 2000)
@@ -363,11 +363,12 @@ def test_9_a_multiplier_cast_to_float32_still_draws_the_charged_noise(monkeypatc
     spacing = float(np.spacing(np.float32(3.0)))
     z_low = 3.0 + 0.49 * spacing  # the float32 cast rounds it down to 3
     values = jnp.asarray(rng.uniform(0.0, 4.0, 300), jnp.float32)
-    tuning.release_histogram(jax.random.PRNGKey(0), values, jnp.float32(z_low), "substitute")
-    sigma0 = z_low * tuning.histogram_sensitivity("substitute")
+    clip_selection.release_histogram(jax.random.PRNGKey(0), values, jnp.float32(z_low),
+                                     "substitute")
+    sigma0 = z_low * clip_selection.histogram_sensitivity("substitute")
     quantum = float(grid_quantum(300, sigma0, jnp.float32))
-    charged = tuning.histogram_sensitivity("substitute") + float(
-        grid_sensitivity(quantum, tuning.SCALE_GRID.size + 1))
+    charged = clip_selection.histogram_sensitivity("substitute") + float(
+        grid_sensitivity(quantum, clip_selection.SCALE_GRID.size + 1))
     assert float(drawn[0]) >= z_low * charged
 
 

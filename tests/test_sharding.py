@@ -29,7 +29,7 @@ from _support.data import logistic_model, make_logistic_data
 from _support.running import run_on_devices
 
 import numpyro_dp as ndp
-from numpyro_dp.runner.tuning import release_histogram
+from numpyro_dp.runner.clip_selection import release_histogram
 
 #: Short runs (10 + 10 iterations) of many programs: compiling takes the time (conftest).
 pytestmark = pytest.mark.compile_bound

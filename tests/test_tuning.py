@@ -22,7 +22,7 @@ import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent
 from numpyro_dp.kernels.base import ClipRequest
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.runner import budget, charging, planning, tuning
+from numpyro_dp.runner import budget, charging, clip_selection, planning, tuning, warm_start
 
 DELTA = 1e-6
 pytestmark = pytest.mark.warm_start  # the library's defaults, as a user runs them
@@ -72,7 +72,7 @@ def test_nothing_to_tune_plans_nothing():
     plan = tuning.plan_tuning(1.0, DELTA, warm_start=0.2, clip_selection=0.05, requests=(),
                               warm_start_clip=1.0)
     # A stated gradient clip costs nothing; each stage still chooses its Hessian clip.
-    assert plan.num_histograms == tuning.WARM_START_STAGES
+    assert plan.num_histograms == warm_start.WARM_START_STAGES
 
 
 def test_a_warm_start_the_noise_would_swamp_is_not_made():
@@ -80,7 +80,7 @@ def test_a_warm_start_the_noise_would_swamp_is_not_made():
     plan = tuning.plan_tuning(1.0, DELTA, num_rows=200, **kwargs)
     assert plan is None  # nothing left to tune: its share goes to sampling
     plan = tuning.plan_tuning(1.0, DELTA, num_rows=200_000, **kwargs)
-    assert plan.warm_start_steps == tuning.WARM_START_STEPS
+    assert plan.warm_start_steps == warm_start.WARM_START_STEPS
 
 
 def test_clip_selection_share_zero_with_a_missing_clip_names_the_fix():
@@ -92,14 +92,14 @@ def test_clip_selection_share_zero_with_a_missing_clip_names_the_fix():
 # ---------------------------------------------------------------- releases
 def test_histogram_quantile_of_exact_counts():
     values = np.concatenate([np.full(900, 0.3), np.full(100, 5.0)])
-    counts = np.asarray(tuning.release_histogram(jax.random.PRNGKey(0), jax.numpy.asarray(
+    counts = np.asarray(clip_selection.release_histogram(jax.random.PRNGKey(0), jax.numpy.asarray(
         values, np.float32), 1e-9, "substitute"))
     np.testing.assert_allclose(counts.sum(), 1000, atol=1e-3)
     # 90% of the rows are at or below the first edge >= 0.3; 95% needs the edge >= 5.
-    assert tuning.histogram_quantile(counts, 1000, 0.9) == pytest.approx(2 ** -1.5)
-    assert tuning.histogram_quantile(counts, 1000, 0.95) == pytest.approx(2 ** 2.5)
+    assert clip_selection.histogram_quantile(counts, 1000, 0.9) == pytest.approx(2 ** -1.5)
+    assert clip_selection.histogram_quantile(counts, 1000, 0.95) == pytest.approx(2 ** 2.5)
     # Non-finite values count in the top bin: the clip can never be below them by accident.
-    counts = np.asarray(tuning.release_histogram(
+    counts = np.asarray(clip_selection.release_histogram(
         jax.random.PRNGKey(0), jax.numpy.asarray([0.3, np.nan, np.inf, 0.3]), 1e-9, "add_remove"))
     assert counts[-1] == pytest.approx(2, abs=1e-6)
 
@@ -108,8 +108,9 @@ def noisy_quantiles(values, z, quantile, max_rows_above=None, draws=20):
     """The quantile of ``draws`` released histograms of ``values`` (substitute, noise
     multiplier ``z``), one per key."""
     values = jax.numpy.asarray(np.asarray(values, np.float32))
-    return [tuning.histogram_quantile(
-        np.asarray(tuning.release_histogram(jax.random.PRNGKey(k), values, z, "substitute")),
+    return [clip_selection.histogram_quantile(
+        np.asarray(clip_selection.release_histogram(jax.random.PRNGKey(k), values, z,
+                                                    "substitute")),
         values.shape[0], quantile, z * np.sqrt(2), max_rows_above) for k in range(draws)]
 
 
@@ -143,22 +144,23 @@ def test_histogram_quantile_sees_a_heavy_tail_above_the_bulk():
     rng = np.random.default_rng(0)
     values = np.concatenate([rng.lognormal(0.0, 0.2, 2000),
                              np.exp(rng.uniform(0.0, np.log(64.0), 200))]).astype(np.float32)
-    clips = noisy_quantiles(values, 5.7, 0.9, tuning.clip_rows_above(5.7, "substitute"))
+    clips = noisy_quantiles(values, 5.7, 0.9, clip_selection.clip_rows_above(5.7, "substitute"))
     assert np.median(clips) >= np.quantile(values, 0.99) / 2
     assert max(clips) <= 4 * values.max()
 
 
 def test_a_histogram_of_pure_noise_says_nothing():
     rng = np.random.default_rng(1)
-    tops = [tuning.populated_top(rng.normal(0.0, 8.0, tuning.SCALE_GRID.size + 1), 8.0)
-            for _ in range(200)]
+    size = clip_selection.SCALE_GRID.size + 1
+    tops = [clip_selection.populated_top(rng.normal(0.0, 8.0, size), 8.0) for _ in range(200)]
     assert sum(t is not None for t in tops) <= 10  # about 1.4% by simulation (1 here)
 
 
 def test_histogram_noise_is_scaled_to_its_sensitivity():
     values = jax.numpy.zeros(10_000) + 1.0
     draws = np.stack([
-        np.asarray(tuning.release_histogram(jax.random.PRNGKey(k), values, 5.0, "substitute"))
+        np.asarray(clip_selection.release_histogram(jax.random.PRNGKey(k), values, 5.0,
+                                                    "substitute"))
         for k in range(40)
     ])
     # Empty bins carry pure noise: sd = z * sqrt(2) (substitute), up to the grid's rounding.
@@ -184,7 +186,7 @@ def test_warm_start_reaches_the_mode_at_negligible_noise(data):
     w = np.zeros(3, np.float32)
     for _ in range(20):
         w = newton(w)
-    run = jax.jit(tuning.warm_start_fn(pm, steps=10, min_noise_multiplier=1e-6,
+    run = jax.jit(warm_start.warm_start_fn(pm, steps=10, min_noise_multiplier=1e-6,
                                        neighbourhood="substitute", temperature=1.0))
     secret = np.array([1, 2], np.uint32)
     z = np.float32(1e-6)
@@ -257,12 +259,12 @@ def test_the_warm_start_follows_the_curvature_where_the_noise_allows():
     counts = tuning.plan_tuning(3.0, DELTA, num_rows=50_000, num_params=6,
                                 **{**kwargs, "noise_scale": False})
     assert counts.follow_curvature == (False, False)
-    assert counts.warm_start_steps == tuning.WARM_START_STEPS
+    assert counts.warm_start_steps == warm_start.WARM_START_STEPS
     assert big.follow_curvature == (True, True)
-    assert big.warm_start_steps == tuning.FOLLOWING_WARM_START_STEPS
+    assert big.warm_start_steps == warm_start.FOLLOWING_WARM_START_STEPS
     assert [big.hessian_releases(k) for k in (0, 1)] == [8, 8]
     assert small.follow_curvature == (False, False)
-    assert small.warm_start_steps == tuning.WARM_START_STEPS
+    assert small.warm_start_steps == warm_start.WARM_START_STEPS
     assert [small.hessian_releases(k) for k in (0, 1)] == [5, 1]
     for plan in (big, small):  # the event charges each release once
         (_, event, _), = [e for e in plan.entries() if e[0] == "warm start"]
@@ -346,7 +348,7 @@ def test_default_run_selects_clips_and_warm_starts_within_budget(data):
     assert [(e.phase, e.num_chains, e.num_iterations) for e in entries] == [
         ("clip selection", 1, 5), ("warm start", 1, 1), ("warmup+sample", 2, 40)]
     # The warm start: per stage, a gradient release a step and its Hessian releases.
-    steps = tuning.WARM_START_STEPS // tuning.WARM_START_STAGES
+    steps = warm_start.WARM_START_STEPS // warm_start.WARM_START_STAGES
     assert [e.count for e in entries[1].per_iteration.events] == [steps, steps, steps, 1]
     ledger = mcmc.ledger.entries
     share = charging.warm_start_share(mcmc)  # "auto": public facts choose one of two shares

@@ -80,7 +80,8 @@ class RunInputs(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ClipRequest:
-    """A clip a kernel was built without, to be chosen privately (:mod:`numpyro_dp.runner.tuning`).
+    """A clip a kernel was built without, to be chosen privately
+    (:mod:`numpyro_dp.runner.clip_selection`).
 
     Attributes
     ----------

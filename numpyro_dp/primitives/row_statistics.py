@@ -2,7 +2,7 @@
 private warm start and its clips.
 
 :func:`row_gradient_scales` and :func:`row_hessian_norms` give one private
-value per row (for a DP quantile only: :mod:`numpyro_dp.runner.tuning`);
+value per row (for a DP quantile only: :mod:`numpyro_dp.runner.clip_selection`);
 :func:`clipped_grad_and_hessian_sums` the sums of the rows' clipped gradients
 and Hessians that the private warm start releases.  All run where the rows
 live (:func:`~numpyro_dp.primitives.row_blocks.full_data`), in blocks of rows.
@@ -38,7 +38,7 @@ def row_gradient_scales(
     ``directions`` holds unit vectors ``u_k`` (rows); ``whiten`` a matrix
     ``L``: the norm of ``L^T grad l_i`` (the gradient in the coordinates
     ``theta = L phi``).  Private values, for a DP quantile only
-    (:mod:`numpyro_dp.runner.tuning`); padded rows' values are meaningless (mask them
+    (:mod:`numpyro_dp.runner.clip_selection`); padded rows' values are meaningless (mask them
     with ``pm.row_mask()``).
     """
     return full_data(pm, lambda args, kwargs, _: _row_scales(

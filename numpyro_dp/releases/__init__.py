@@ -12,9 +12,11 @@
 * :mod:`~numpyro_dp.releases.pseudo_marginal`: exact MCMC from a release, with
   its likelihood in closed form (``ndp.MH``) or intractable (``ndp.PMMH``,
   ``ndp.MHAAR``; rows released one by one are averaged per row);
-* :mod:`~numpyro_dp.releases.score` and :mod:`~numpyro_dp.releases.noise_aware`:
-  one release of a model's whitened score and curvature at a private anchor,
-  and NUTS on its noise-aware model (``ndp.NoiseAwareNUTS``, SPEC s12);
+* :mod:`~numpyro_dp.releases.score`, :mod:`~numpyro_dp.releases.score_budget`,
+  :mod:`~numpyro_dp.releases.score_release` and :mod:`~numpyro_dp.releases.noise_aware`:
+  one release of a model's whitened score and curvature at a private anchor (made
+  in stages; their budget; the release and its noise-aware model), and NUTS on
+  that model (``ndp.NoiseAwareNUTS``, SPEC s12);
 * :mod:`~numpyro_dp.releases.linreg_release`: the release of linear
   regression's sufficient statistics by J data holders, and adaSSP;
 * :mod:`~numpyro_dp.releases.linreg`: Bayesian linear regression from those

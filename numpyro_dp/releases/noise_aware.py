@@ -30,16 +30,17 @@ from numpyro.infer.initialization import init_to_median
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
-from numpyro_dp.releases.score import (
+from numpyro_dp.releases.score import release_order, release_score
+from numpyro_dp.releases.score_budget import (
     MAX_CURVATURE_NOISE,
-    MAX_MODEL_DISTANCE,
     RELEASE_CURVATURE_SHARES,
-    ScoreRelease,
     curvature_noise,
-    positive_sites,
     release_entries,
-    release_order,
-    release_score,
+)
+from numpyro_dp.releases.score_release import (
+    MAX_MODEL_DISTANCE,
+    ScoreRelease,
+    positive_sites,
     stand_in_arguments,
 )
 
@@ -95,7 +96,8 @@ class UnusableReleaseError(RuntimeError):
 
 def positive_latents(model: Callable, release: ScoreRelease) -> list[str]:
     """The model's latent sites with positive support (noise scales, group sds), traced
-    on the release's stand-in arguments (:func:`~numpyro_dp.releases.score.positive_sites`)."""
+    on the release's stand-in arguments
+    (:func:`~numpyro_dp.releases.score_release.positive_sites`)."""
     return positive_sites(model, release.model_args, release.model_kwargs,
                           release.param_shapes)
 
@@ -104,7 +106,7 @@ def check_release(release: ScoreRelease, *, refuse: bool, scales: Sequence[str] 
     """Warn (:class:`CalibrationWarning`) where ``release`` is not trusted or the model
     has positive latents ``scales`` (:func:`positive_latents`), and with ``refuse``
     raise :class:`UnusableReleaseError` where its anchor lies more than
-    :data:`~numpyro_dp.releases.score.MAX_MODEL_DISTANCE` posterior sds from its
+    :data:`~numpyro_dp.releases.score_release.MAX_MODEL_DISTANCE` posterior sds from its
     mode (post-processing of the release and public structure: free).
 
     Positive latents are warned of because the route's intervals for such models
@@ -179,7 +181,7 @@ class NoiseAwareNUTS(DPKernel):
     ------
     UnusableReleaseError
         After the charge, where the release's anchor lies more than
-        :data:`~numpyro_dp.releases.score.MAX_MODEL_DISTANCE` posterior sds from its
+        :data:`~numpyro_dp.releases.score_release.MAX_MODEL_DISTANCE` posterior sds from its
         mode (a :class:`CalibrationWarning` where it lies outside the calibrated
         regime but nearer); passing ``release=mcmc.release`` samples it anyway.
     """
@@ -253,7 +255,7 @@ class NoiseAwareNUTS(DPKernel):
 
     def check_noise_multiplier(self, noise_multiplier: float) -> None:
         """Refuse, before anything is charged, a budget whose release would be lost in
-        its noise (:data:`~numpyro_dp.releases.score.MAX_CURVATURE_NOISE`; public facts
+        its noise (:data:`~numpyro_dp.releases.score_budget.MAX_CURVATURE_NOISE`; public facts
         only: the noise multiplier, the numbers of parameters and rows)."""
         pm = self._private_model
         if self.release is not None or pm is None:

@@ -35,7 +35,8 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.accountants import GaussianAccountant
 from numpyro_dp.accounting.entry import LedgerEntry
-from numpyro_dp.runner.tuning import WARM_START_SHARE, WARM_START_STAGES, TuningPlan, plan_tuning
+from numpyro_dp.runner.tuning import WARM_START_SHARE, TuningPlan, plan_tuning
+from numpyro_dp.runner.warm_start import WARM_START_STAGES
 
 #: Travel (unit-information posterior sds, :func:`travel_sds`) below which the warm
 #: start takes most of a per-iteration run's budget (:data:`STUCK_WARM_START_SHARE`),

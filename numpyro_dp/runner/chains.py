@@ -26,7 +26,8 @@ from numpyro_dp.primitives.sharding import (
     rows_mesh,
     shard_rows,
 )
-from numpyro_dp.runner.tuning import PRIOR_MEDIAN, TuningPlan, run_tuning
+from numpyro_dp.runner.tuning import TuningPlan, run_tuning
+from numpyro_dp.runner.warm_start import PRIOR_MEDIAN
 
 #: Folded into the user's key to give the tuning releases their own public keys.
 TUNING_KEY_TAG = 0x74756E65

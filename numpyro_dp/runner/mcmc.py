@@ -127,7 +127,7 @@ class PrivateMCMC(MCMC):
         with what is left and what the run would need.
     warm_start : float or "auto", optional
         Share of ``epsilon`` spent on a private warm start before the first
-        call (:mod:`numpyro_dp.runner.tuning`): noisy Newton steps from a prior
+        call (:mod:`numpyro_dp.runner.warm_start`): noisy Newton steps from a prior
         draw, after which the chains start around the point it reaches
         (dispersed by its noise-aware Laplace approximation) instead of at
         the prior, where at an ordinary budget they would stay, and the
@@ -149,9 +149,10 @@ class PrivateMCMC(MCMC):
     warm_start_steps : int, optional
         Noisy Newton steps of the warm start, a multiple of its 2 stages (each
         step two charged releases; the share is split among them).  By default
-        :data:`~numpyro_dp.runner.tuning.WARM_START_STEPS`, or
-        :data:`~numpyro_dp.runner.tuning.FOLLOWING_WARM_START_STEPS` where the data are
-        many for the budget (:func:`~numpyro_dp.runner.tuning.follows_curvature`).
+        :data:`~numpyro_dp.runner.warm_start.WARM_START_STEPS`, or
+        :data:`~numpyro_dp.runner.warm_start.FOLLOWING_WARM_START_STEPS` where the data
+        are many for the budget
+        (:func:`~numpyro_dp.runner.warm_start.follows_curvature`).
     check_mixing : bool
         After each call that draws samples, compute split R-hat, bulk ESS and
         how often each chain moved from its draws (free post-processing, kept
@@ -394,7 +395,7 @@ class PrivateMCMC(MCMC):
     @property
     def release(self):
         """What the kernel released once before sampling (``NoiseAwareNUTS``: a
-        :class:`~numpyro_dp.releases.score.ScoreRelease`); None for other kernels."""
+        :class:`~numpyro_dp.releases.score_release.ScoreRelease`); None for other kernels."""
         return getattr(self.sampler, "release", None)
 
     def privacy_budget_left(self) -> float | None:

@@ -65,7 +65,7 @@ from numpyro_dp.accounting import (
 from numpyro_dp.kernels.penalty import DPPenalty
 from numpyro_dp.model.adapter import ObservedSite, PrivateModel, tabular_to_numpy
 from numpyro_dp.releases.noise_aware import NoiseAwareNUTS
-from numpyro_dp.releases.score import (
+from numpyro_dp.releases.score_budget import (
     MAX_CURVATURE_NOISE,
     RELEASE_CURVATURE_SHARES,
     STAGE_SHARES,
@@ -73,7 +73,8 @@ from numpyro_dp.releases.score import (
     release_noise,
 )
 from numpyro_dp.runner.budget import auto_warm_start_share, gaussian_run_noise, travel_sds
-from numpyro_dp.runner.tuning import CLIP_SELECTION_SHARE, TYPICAL_CLIPS, plan_tuning
+from numpyro_dp.runner.tuning import CLIP_SELECTION_SHARE, plan_tuning
+from numpyro_dp.runner.warm_start import TYPICAL_CLIPS
 
 #: Travel (unit-information posterior sds) from which the per-iteration route is
 #: recommended (its chains can mix).
@@ -216,9 +217,9 @@ def noise_aware_error_sds(noise_multiplier: float, num_released: int, num_rows: 
                           factor: float) -> float:
     """``NoiseAwareNUTS``'s expected error per direction, in posterior sds, from public
     facts: the noise of its score release in whitened coordinates (where the posterior's
-    sds are 1) at the least clip it takes, :data:`~numpyro_dp.runner.tuning.TYPICAL_CLIPS` rows'
+    sds are 1) at the least clip it takes, :data:`~numpyro_dp.runner.warm_start.TYPICAL_CLIPS` rows'
     typical whitened score ``sqrt(k / n)``, with the release phase's noise multiplier
-    ``z`` split as the run splits it (:func:`~numpyro_dp.releases.score.release_noise`).
+    ``z`` split as the run splits it (:func:`~numpyro_dp.releases.score_budget.release_noise`).
     A lower bound: heavier tails raise the clip, and an anchor far from the mode adds
     its own error (on statsmodels' ``fair``, d = 9, delta = 1e-6, it gives 1.8, 0.49 and
     0.17 at epsilon 1, 3 and 10; the benchmark's runs erred by 1.6-3.8, 0.33-0.85 and

@@ -1,0 +1,269 @@
+"""The private warm start: noisy Fisher scoring steps from the prior's median.
+
+A chain started from the prior on a real data set sits where it started: at an
+ordinary budget the noise caps every step far below the distance to the
+posterior.  The warm start takes noisy Fisher scoring steps on the log posterior
+from the prior's median (:data:`PRIOR_MEDIAN`), in two stages
+(:data:`WARM_START_STAGE_SHARES`): each step releases the clipped per-row gradient
+sum (exactly the release of a DP-HMC gradient) and the sum of the rows' expected
+Hessians (the Fisher information), each clipped to a Frobenius norm, both with
+Gaussian noise, and takes a Newton step on them plus the public prior's terms (at
+most :data:`MAX_WARM_START_STEP` of the prior's sds at its median:
+:func:`prior_variances`).  The expected Hessian, unlike the observed one, stays
+positive definite far from the mode, where a regression's coefficients and its
+noise scale couple.  The second stage works in the coordinates where the first
+stage's Laplace approximation is white, clips so that (almost) no row is cut, and
+releases its Hessian once; where the data are many for the budget
+(:func:`follows_curvature`) each stage instead whitens every step by the curvature
+released at the last, with clips of a few rows' typical values there
+(:data:`TYPICAL_CLIPS`), and takes :data:`FOLLOWING_WARM_START_STEPS`.  The average
+of its last iterates is the start; the chains start around it, dispersed by its
+Laplace covariance and its standard error (post-processing).  (Noisy gradient
+descent, the obvious alternative, needs hundreds of paid steps to get near the mode
+on real, ill-conditioned data, measured in ``benchmarks/``; Newton steps need a
+few.)
+
+One stage's steps are :func:`warm_start_fn`; the stages' clips (chosen by
+:mod:`~numpyro_dp.runner.clip_selection`), their noise and their charge are the
+tuning's (:mod:`~numpyro_dp.runner.tuning`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, random
+from numpyro.infer import init_to_median
+
+from numpyro_dp.accounting import sensitivity_factor
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.primitives.clipping import vector_clip_bound
+from numpyro_dp.primitives.release import release_clipped_sum
+from numpyro_dp.primitives.rounding import sum_levels
+from numpyro_dp.primitives.row_statistics import clipped_grad_and_hessian_sums
+from numpyro_dp.primitives.secret import noise_key
+
+#: Where the warm start begins, and where :func:`prior_variances` reads the prior's
+#: scales: the prior's median, from 1001 draws (public).  Not the kernel's
+#: ``init_strategy``, which disperses chains: NumPyro's default, a uniform draw on
+#: (-2, 2) in unconstrained units, put a Poisson regression's rates at up to
+#: ``e^14`` on COUNT's ``mdvis`` (6 covariates in [-1, 1]), where the rows' curvatures
+#: spread over 2^10 and the first stage's clips were meaningless; the warm start's
+#: largest error fell from 101 and 13 posterior sds to 18 and 11 at epsilon 1 (seeds 0, 1).
+PRIOR_MEDIAN = init_to_median(num_samples=1001)
+#: Noisy Newton steps of the warm start (two releases each), split evenly
+#: over its stages.
+WARM_START_STEPS = 10
+#: The warm start's steps where its first stage follows the curvature
+#: (:func:`follows_curvature`: much data for the budget): its Fisher scoring steps
+#: move a noise scale that starts too large by at most half a log unit each (a
+#: row's score for it is at least -1), so on ggplot2's ``diamonds`` (n = 53,940)
+#: 10 steps left log sigma 0.3-0.5 above its mode and 2 of 3 releases refused at
+#: epsilon 1, 3 and 10, 16 none.  Where the noise is larger the extra steps cost
+#: more than they bring (R's ``turnout``, n = 2,000, epsilon 1: a release 76
+#: private sds off in 4 seeds).
+FOLLOWING_WARM_START_STEPS = 16
+#: The warm start's stages and their shares of its budget (of ``mu^2``, which
+#: Gaussian releases add).  Each stage chooses its clips afresh (a clip chosen
+#: far from the mode is far too loose there).  The first walks from the
+#: prior's median to near the mode; the second, whose averaged iterates
+#: are the start, gets the larger share and works in the coordinates where the
+#: first stage's Laplace approximation is white: every direction is then
+#: resolved to the same fraction of its posterior sd, instead of the noise
+#: swamping the long, correlated directions.
+WARM_START_STAGE_SHARES = (0.3, 0.7)
+WARM_START_STAGES = len(WARM_START_STAGE_SHARES)
+#: Share of each stage's ``mu^2`` spent on its Hessian releases: the curvature
+#: shapes a step, but where the steps stop is set by the gradient alone.  The
+#: final stage releases its Hessian once, at its first step, and keeps it:
+#: near the mode the curvature hardly changes, and one release carries the
+#: stage's whole share (the Laplace covariance is made of it).
+HESSIAN_SHARE = 0.2
+#: A clip in coordinates where the posterior (or its Laplace approximation) is white
+#: is at least this many times a row's typical value there: ``sqrt(d / n)`` for a
+#: score, ``d / n`` for a Hessian (the rows' sum is about the identity).
+TYPICAL_CLIPS = 3.0
+#: Largest noise of a warm-start stage's curvature, relative to the whitened curvature,
+#: at which its steps whiten by it (:func:`follows_curvature`).
+FOLLOW_CURVATURE_NOISE = 0.5
+#: Quantile of the per-row gradient norms (and Hessian norms) that clips the
+#: warm start (the final stage's gradients and Hessian cut fewer rows where
+#: their noise is small: :func:`~numpyro_dp.runner.clip_selection.clip_rows_above`).
+#: Not the median of DP-SGD (Andrew et al. 2021): a clip that cuts many rows
+#: moves the point where the clipped gradients balance (on statsmodels' ``fair``,
+#: 9 posterior sds at the 30% quantile of the mode's norms, 2.3 at the 90%).
+WARM_START_QUANTILE = 0.9
+#: Longest warm-start step, in prior standard deviations (the public prior's
+#: curvature at its median, :func:`prior_variances`; unbounded along a flat prior):
+#: post-processing that keeps a noisy step from throwing the iterate into the
+#: prior's tails.
+MAX_WARM_START_STEP = 2.0
+#: Longest warm-start step along a coordinate with a flat (improper) prior, in
+#: unconstrained units.
+MAX_FLAT_STEP = 10.0
+#: The released curvature's eigenvalues are raised to this many times
+#: ``sigma_F sqrt(d)`` (about half the noise matrix's spectral norm).
+CURVATURE_FLOOR = 1.0
+
+
+def spectral_noise(curvature_sd: float, dim: int) -> float:
+    """``2 sigma_H sqrt(d)``: about the spectral norm of a ``d x d`` curvature's
+    symmetrised noise of entry sd ``sigma_H``."""
+    return 2.0 * curvature_sd * math.sqrt(dim)
+
+
+def follows_curvature(noise_multiplier: float, num_rows: int | None, num_params: int | None,
+                      factor: float, noise_scale: bool) -> bool:
+    """Whether a warm-start stage whose Hessian releases have this noise multiplier
+    whitens every step by the curvature its last step released (public facts only).
+
+    In coordinates white under the curvature, a clip of :data:`TYPICAL_CLIPS` rows'
+    typical values keeps its meaning wherever the steps go (a clip chosen at the
+    stage's start does not: as a noise scale shrinks its rows' gradients grow, the
+    clip cuts them all, and the steps overshoot).  That needs a likelihood that reads a
+    noise scale (``noise_scale``: :attr:`PrivateModel.likelihood_reads_scale`); without
+    one the clip of a few typical rows only cuts a heavy tail (on statsmodels'
+    ``randhie`` counts, epsilon 10, 3 seeds: the anchor 13-170 posterior sds from the
+    release's mode with it, 2-4 without).  And it takes a curvature out of its
+    noise at every step: the noise's spectral scale ``2 factor z TYPICAL_CLIPS (d / n)
+    sqrt(d)`` at most :data:`FOLLOW_CURVATURE_NOISE` of the whitened curvature (about 1).
+    """
+    if not (num_rows and num_params and noise_scale):
+        return False
+    sd = factor * noise_multiplier * TYPICAL_CLIPS * num_params / num_rows
+    return spectral_noise(sd, num_params) <= FOLLOW_CURVATURE_NOISE
+
+
+def warm_start_fn(
+    pm: PrivateModel,
+    *,
+    steps: int,
+    min_noise_multiplier: float,
+    neighbourhood: str,
+    temperature: float,
+) -> Callable:
+    """``run(theta0, C, K, L, z_g, z_h, refresh, adapt, prior_sd2, key, model_args,
+    model_kwargs, secret) -> (start, error, cov)``: one stage of the warm start.
+
+    Noisy Newton steps in the coordinates ``theta = L phi`` (``L`` public:
+    the identity, or a factor of an earlier stage's released covariance; with
+    ``adapt``, after each step ``L`` becomes a factor of that step's Laplace
+    covariance, post-processing).  ``C`` and ``K`` hold each step's clips;
+    ``refresh`` false releases the Hessian at the first step only, and
+    ``prior_sd2`` is :func:`prior_variances`.
+    Each step releases the clipped gradient sum ``sum_i clip_C(L^T grad l_i)``
+    (noise multiplier ``z_g``) and the clipped Hessian sum
+    ``sum_i clip_K(L^T E[hess l_i] L)`` of the expected Hessians (Frobenius norm,
+    ``z_h``; sensitivities
+    ``C`` and ``K`` times the neighbourhood's factor) and moves by
+    ``L (-T H + P)^-1 (T g + grad log p)`` with ``g``, ``H`` the released
+    sums and ``P`` the public prior's negative Hessian in those coordinates;
+    the eigenvalues of ``-T H + P`` are raised to :data:`CURVATURE_FLOOR`
+    times the noise's scale, and each step is at most
+    :data:`MAX_WARM_START_STEP` prior sds long.  Gradient descent alone needs
+    hundreds of steps on a real, ill-conditioned problem, each paid for, and
+    the empirical Fisher information (outer products of gradients) is hundreds
+    of times the curvature where a scale parameter starts too small; Newton
+    steps reach the mode in a few.  ``start`` is the mean of the second half
+    of the iterates (their noise averages out), ``error`` its standard error
+    per coordinate (the iterates' spread over the square root of their
+    number: what the noise leaves of where the start is), ``cov`` the mean of their
+    ``L (-T H + P)^-1 L^T``: a Laplace approximation of the posterior
+    covariance.  ``min_noise_multiplier`` (static) sets the exact sums' levels.
+    """
+    factor = sensitivity_factor(neighbourhood)
+
+    def run(theta0, clips, hessian_clips, whiten, z_grad, z_hess, refresh, adapt, prior_sd2,
+            key, model_args, model_kwargs, secret):
+        dim = theta0.shape[0]
+        dtype = theta0.dtype
+        levels = sum_levels(min_noise_multiplier * factor, dtype)
+
+        def prior(theta):
+            return pm.log_density_terms(pm.unravel(theta), model_args, model_kwargs).prior
+
+        def release(total, clip, dim_out, z, key_k):
+            return release_clipped_sum(
+                noise_key(secret, key_k), total, pm.num_rows,
+                vector_clip_bound(clip, dim_out, dtype), noise_multiplier=z,
+                sensitivity_factor=factor,
+            )
+
+        def step(carry, inputs):
+            theta, whiten, kept_hessian, kept_sigma_h = carry
+            k, clip, hessian_clip = inputs
+            key_g, key_h = random.split(random.fold_in(key, k))
+            # The Hessian is released at every step, or at the first only
+            # (``refresh`` false); the plan charges exactly those releases.
+            fresh = refresh | (k == 0)
+            total_g, total_h = lax.cond(
+                fresh,
+                lambda: clipped_grad_and_hessian_sums(
+                    pm, theta, clip, hessian_clip, model_args, model_kwargs, levels, whiten,
+                    expected=True),
+                lambda: clipped_grad_and_hessian_sums(
+                    pm, theta, clip, None, model_args, model_kwargs, levels, whiten),
+            )
+            grad, _ = release(total_g, clip, dim, z_grad, key_g)
+            hessian, sigma_h = lax.cond(
+                fresh,
+                lambda: release(total_h, hessian_clip, dim * dim, z_hess, key_h),
+                lambda: (kept_hessian, kept_sigma_h),
+            )
+            kept = (hessian, sigma_h)
+            hessian = hessian.reshape(dim, dim)
+            hessian = jnp.where(jnp.isfinite(hessian), hessian, 0.0)
+            prior_hessian = -jax.hessian(prior)(theta)
+            precision = (-temperature * 0.5 * (hessian + hessian.T)
+                         + whiten.T @ prior_hessian @ whiten)
+            values, vectors = jnp.linalg.eigh(precision)
+            floor = CURVATURE_FLOOR * temperature * sigma_h * jnp.sqrt(dim) + 1e-12
+            values = jnp.maximum(values, floor)
+            g = temperature * grad + whiten.T @ jax.grad(prior)(theta)
+            covariance = whiten @ ((vectors / values) @ vectors.T) @ whiten.T
+            move = whiten @ ((vectors / values) @ (vectors.T @ g))
+            move = jnp.where(jnp.isfinite(move), move, 0.0)
+            # Step length in prior standard deviations, and in unconstrained
+            # units along flat priors.
+            length = jnp.sqrt(jnp.sum(move**2 / prior_sd2))
+            flat = jnp.sqrt(jnp.sum(jnp.where(jnp.isinf(prior_sd2), move**2, 0.0)))
+            shrink = jnp.minimum(MAX_WARM_START_STEP / jnp.maximum(length, 1e-30),
+                                 MAX_FLAT_STEP / jnp.maximum(flat, 1e-30))
+            move = move * jnp.minimum(1.0, shrink)
+            theta = theta + move.astype(dtype)
+            # The next step's coordinates: white under this step's Laplace
+            # approximation, where the clips stay a few rows' typical values.
+            adapted = whiten @ (vectors / jnp.sqrt(values))
+            whiten = jnp.where(adapt & jnp.all(jnp.isfinite(adapted)), adapted, whiten)
+            return (theta, whiten, *kept), (theta, covariance.astype(dtype))
+
+        zeros = (jnp.zeros(dim * dim, dtype), jnp.zeros((), dtype))
+        _, (path, covariances) = lax.scan(
+            step, (theta0, whiten, *zeros), (jnp.arange(steps), clips, hessian_clips))
+        tail = path[steps // 2:]
+        m = tail.shape[0]
+        error = tail.std(0, ddof=min(1, m - 1)) / math.sqrt(m)
+        return tail.mean(0), error, covariances[steps // 2:].mean(0)
+
+    return run
+
+
+def prior_variances(pm: PrivateModel, rng_key: jax.Array, rows: tuple) -> np.ndarray:
+    """The prior's variance along each unconstrained coordinate, from its curvature at
+    the prior's median (``inf`` along a flat prior): the fixed scale of the warm
+    start's steps.  Taken at the iterate instead, a noise scale's variance in log
+    units grows without bound as the scale shrinks (a half-normal's log density is
+    ``-sigma^2 / 2 s^2 + log sigma``), so one noisy step could throw it from 0.2 to
+    1e-27 or 1e27.  Public: the prior alone, the rows replaced by zeros."""
+    args, kwargs = pm.rebuild(tuple(jnp.zeros_like(r) for r in rows))
+    theta = pm.ravel(pm.init_params(rng_key, args, kwargs, PRIOR_MEDIAN))
+
+    def prior(theta):
+        return pm.log_density_terms(pm.unravel(theta), args, kwargs).prior
+
+    precision = -np.diag(np.asarray(jax.hessian(prior)(theta), float))
+    return np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
