@@ -30,7 +30,7 @@ from numpyro_dp.kernels.barker import (
     load_correction,
     sample_correction,
 )
-from numpyro_dp.model.adapter import ModelSpecificationError
+from numpyro_dp.model.checks import ModelSpecificationError
 
 
 def mean_model(x):

@@ -27,7 +27,8 @@ from numpyro.infer.util import potential_energy
 from scipy import stats
 from scipy.special import expit, logsumexp
 
-from numpyro_dp.model.adapter import ModelSpecificationError, PrivateModel
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.checks import ModelSpecificationError
 from numpyro_dp.model.dataflow import depends_on_private, inputs_read
 
 RTOL = 1e-10

@@ -12,7 +12,8 @@ from numpyro.infer import init_to_median, init_to_uniform
 from scipy import stats
 
 import numpyro_dp as ndp
-from numpyro_dp.model.adapter import ModelSpecificationError, PrivateModel
+from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.checks import ModelSpecificationError
 
 N = 200
 

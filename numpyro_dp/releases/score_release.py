@@ -264,7 +264,7 @@ def psd(matrix: np.ndarray) -> np.ndarray:
 
 def stand_in_arguments(pm: PrivateModel) -> tuple[tuple, dict]:
     """The model's public arguments with one zero row in place of each row array."""
-    rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in pm._row_specs]
+    rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in pm.row_specs]
     return pm.rebuild(rows)
 
 
