@@ -1,6 +1,6 @@
 """Benchmark: a DPBarker iteration costs O(b), independent of n.
 
-Heikkila et al.'s Gaussian mixture model (``tests/test_barker.py``), b = 1000,
+Heikkila et al.'s Gaussian mixture model (``tests/kernels/test_barker.py``), b = 1000,
 float32.  Reports, for n = 1e5, 1e6 and 1e7 rows,
 
 * DPBarker : the kernel's ``sample_fn`` (batch drawn without replacement,

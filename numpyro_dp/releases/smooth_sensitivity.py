@@ -24,7 +24,7 @@ With ``s_1 <= ... <= s_n`` the sorted values and ``s_i = 0`` for ``i < 1``,
 * the maximum (rank ``n``): ``A_k = max(A - s_{n-k}, s_n - s_{n-k-1})``.
 
 These are the thesis's formulas of s6.3, and they are right:
-``tests/test_smooth_sensitivity.py`` checks them against the definition
+``tests/releases/test_smooth_sensitivity.py`` checks them against the definition
 (the largest ``LS(y) exp(-beta d(x, y))`` over every data set ``y`` on a grid
 finer than ``x``'s, ``LS`` over every substitution) for ``n <= 5``, both
 parities of ``n`` and every rank.
@@ -234,7 +234,7 @@ def smooth_sensitivity_params(epsilon: float, delta: float) -> tuple[float, floa
     largest hockey-stick divergence between ``Laplace(0, 1)`` and
     ``Laplace(mu, e^lam)`` over ``|lam| <= beta`` and ``|mu| <= alpha
     min(1, e^lam)`` (every pair of neighbours' output laws), is 7.7e-6 at
-    ``(epsilon, delta) = (5, 1e-4)`` (``tests/test_smooth_sensitivity.py``
+    ``(epsilon, delta) = (5, 1e-4)`` (``tests/releases/test_smooth_sensitivity.py``
     computes it for epsilon from 0.5 to 8).
 
     Parameters

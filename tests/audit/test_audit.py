@@ -391,7 +391,7 @@ def test_a_fault_is_undone_when_its_block_ends():
 def test_readme_example_runs_and_catches_the_fault(capsys):
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     section = readme.split("## Auditing")[1].split("\n## ")[0]
     namespace = {}
     for block in section.split("```python\n")[1:]:  # the black-box and the white-box example

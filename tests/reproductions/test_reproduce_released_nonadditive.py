@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-SCRIPT = (pathlib.Path(__file__).resolve().parent.parent / "reproductions"
+SCRIPT = (pathlib.Path(__file__).resolve().parents[2] / "reproductions"
           / "reproduce_released_nonadditive.py")
 
 

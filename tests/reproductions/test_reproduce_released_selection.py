@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SCRIPT = (pathlib.Path(__file__).resolve().parent.parent / "reproductions"
+SCRIPT = (pathlib.Path(__file__).resolve().parents[2] / "reproductions"
           / "reproduce_released_selection.py")
 #: Every row has these, finite.
 REQUIRED = ["epsilon", "theta_star", "runs", "mse", "mse_se", "mean_estimate", "accept_prob",

@@ -30,7 +30,7 @@ from numpyro_dp.accounting.ledger import PrivacyLedger
 from numpyro_dp.accounting.rdp import BarkerDpEvent
 from numpyro_dp.releases import mechanisms as mech
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DELTA = 1e-6
 
 

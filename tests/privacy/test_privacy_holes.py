@@ -176,7 +176,7 @@ KILLED_RUN = textwrap.dedent("""
 def test_5_a_run_killed_while_sampling_stays_charged_exactly_once(tmp_path):
     path = tmp_path / "killed.ledger"
     ndp.PrivacyLedger.open(path, delta=1e-5)
-    script = KILLED_RUN.format(tests=str(Path(__file__).parent), path=str(path))
+    script = KILLED_RUN.format(tests=str(Path(__file__).parents[1]), path=str(path))
     # NumPyro drops the progress bar under CI, and without it 10^7 iterations of this small
     # model finish in seconds; with it each iteration is its own call, so the run lasts.
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_XDIST_WORKER")}
@@ -478,7 +478,7 @@ def test_12_no_row_reaches_the_persistent_compilation_cache(tmp_path, devices):
     y = (rng.uniform(size=211) < 0.5).astype(np.float32)
     np.savez(tmp_path / "data.npz", X=X, y=y)
     cache = tmp_path / "cache"
-    script = CACHE_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(cache),
+    script = CACHE_SCRIPT.format(tests=str(Path(__file__).parents[1]), cache=str(cache),
                                  data=str(tmp_path / "data.npz"), bar=False)
     env = {**os.environ, "PYTHONWARNINGS": "ignore",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}

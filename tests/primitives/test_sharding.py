@@ -158,7 +158,7 @@ MESH_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     import numpyro_dp as ndp
     from numpyro_dp.primitives import compiled, sharding
-    from test_sharding import KERNELS, _draws
+    from primitives.test_sharding import KERNELS, _draws
     from _support.data import logistic_model, make_logistic_data
 
     assert jax.local_device_count() == 8
@@ -258,7 +258,7 @@ MESH_2D_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     import numpyro_dp as ndp
     from numpyro_dp.primitives import compiled
-    from test_sharding import KERNELS, _draws
+    from primitives.test_sharding import KERNELS, _draws
     from _support.data import logistic_model, make_logistic_data
 
     X, y = make_logistic_data(801, 3, seed=5)
@@ -338,7 +338,7 @@ PROCESS_SCRIPT = textwrap.dedent("""
     jax.distributed.initialize("127.0.0.1:{port}", num_processes=2, process_id={pid})
     import numpy as np
     import numpyro_dp as ndp
-    from test_sharding import KERNELS, _draws
+    from primitives.test_sharding import KERNELS, _draws
     from _support.data import logistic_model, make_logistic_data
 
     X, y = make_logistic_data(801, 3, seed=5)

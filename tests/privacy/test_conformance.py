@@ -270,7 +270,7 @@ PARALLEL_SCRIPT = textwrap.dedent("""
     import numpyro_dp as ndp
     from numpyro_dp.kernels import barker
     from numpyro_dp.primitives import release
-    import test_conformance as tc
+    from privacy import test_conformance as tc
     from _support.data import make_logistic_data
 
     class Made(list):
