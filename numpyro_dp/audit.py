@@ -69,7 +69,7 @@ from numpyro_dp.accounting.events import compose, releases
 from numpyro_dp.accounting.gaussian import gaussian_epsilon
 from numpyro_dp.accounting.ledger import PrivacySpent
 from numpyro_dp.accounting.rdp import ORDERS, BarkerDpEvent, barker_rdp, curve_epsilon, wbk_amplify
-from numpyro_dp.kernels import barker, base, hmc, penalty, sgmcmc
+from numpyro_dp.kernels import barker, hmc, penalty, ratios, sgmcmc
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.primitives import clipping, release, tap
 from numpyro_dp.primitives.rounding import exact_sum
@@ -437,7 +437,7 @@ def clipped_sum_release(
 ) -> AuditResult:
     """White-box audit of the Gaussian release of a sum of clipped rows.
 
-    Clips every row as the kernels do (:func:`~numpyro_dp.kernels.base.clip_ratios`
+    Clips every row as the kernels do (:func:`~numpyro_dp.kernels.ratios.clip_ratios`
     for scalar rows, :func:`~numpyro_dp.primitives.clipping.clip_weights` for
     vectors), sums, and releases
     through :func:`~numpyro_dp.primitives.release.release_clipped_sum` ``num_draws``
@@ -597,7 +597,7 @@ def _white_box(sides, nominal, noise_multiplier, delta, neighbourhood, num_draws
 def _clip_rows(rows: jax.Array, clip: float) -> tuple[jax.Array, float]:
     """Rows clipped as the kernels clip them, and the bound on their norms."""
     if rows.ndim == 1:
-        return base.clip_ratios(rows, clip), clip
+        return ratios.clip_ratios(rows, clip), clip
     weights = clipping.clip_weights(jnp.linalg.norm(rows, axis=1), clip)
     return rows * weights[:, None], clipping.vector_clip_bound(clip, rows.shape[1], rows.dtype)
 
@@ -900,14 +900,14 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
         replacements = {grid_release: lambda key, hi, lo, scale, *a, **k: grid_release(
             key, hi, lo, scale / 2, *a, **k)}
     elif name == "canary_unclipped":
-        weights, ratios = clipping.clip_weights, base.clip_ratios
+        weights, clip_ratios = clipping.clip_weights, ratios.clip_ratios
 
         def extreme(values):  # the canary: the row furthest out, wherever a batch put it
             return jnp.arange(values.shape[0]) == jnp.argmax(jnp.abs(values))
 
         replacements = {
             weights: lambda norms, clip: jnp.where(extreme(norms), 1.0, weights(norms, clip)),
-            ratios: lambda r, clip: jnp.where(extreme(r), r, ratios(r, clip)),
+            clip_ratios: lambda r, clip: jnp.where(extreme(r), r, clip_ratios(r, clip)),
         }
     elif name == "chain_not_charged":  # the runner's hook, no function replaced
         hook = charging.rewriting_entries(lambda charged: dataclasses.replace(
@@ -915,11 +915,11 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
         replacements, owners = {}, []
     else:
         replacements = {made: _divided_noise(made, divisor) for made in (
-            release.release_clipped_sum, base.release_llr, penalty.release_batch_sums)}
+            release.release_clipped_sum, ratios.release_llr, penalty.release_batch_sums)}
         sum_with_noise = release.release_sum_with_noise
         replacements[sum_with_noise] = lambda key, total, num_terms, row_bound, sigma: (
             sum_with_noise(key, total, num_terms, row_bound, sigma / divisor))
-        # The kernels' bindings only: base's own release_llr calls release_clipped_sum.
+        # The kernels' bindings only: ratios' own release_llr calls release_clipped_sum.
         owners = [penalty, hmc, sgmcmc]
     saved = [(owner, attr, value) for owner in owners for attr, value in vars(owner).items()
              if any(value is original for original in replacements)]

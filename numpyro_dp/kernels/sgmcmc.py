@@ -47,13 +47,9 @@ import numpy as np
 from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_dp.kernels.base import (
-    DPKernel,
-    carries_info,
-    check_positive,
-    extends,
-    keyword_arguments,
-)
+from numpyro_dp.kernels.arguments import check_positive, event_num_rows, extends, keyword_arguments
+from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.kernels.running import carries_info
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import (
@@ -400,7 +396,7 @@ class _StochasticGradientKernel(DPKernel):
         update, ``c(eta) T n / b``.  The sampler adds exactly this noise, and
         :meth:`step_noise_multiplier` charges it: one formula for both.
         """
-        n = self._rows_for_event(num_rows)
+        n = event_num_rows(self, num_rows)
         return self._noise_scale(eta) / (
             self._gradient_coefficient(eta) * self.temperature * n / self.batch_size
         )
@@ -412,7 +408,7 @@ class _StochasticGradientKernel(DPKernel):
         (:func:`~numpyro_dp.primitives.release.clipped_sum_sensitivity`: clipping,
         summation and grid rounding), in the working precision.
         """
-        n = self._rows_for_event(num_rows)
+        n = event_num_rows(self, num_rows)
         dtype = jnp.result_type(float)
         dim = None if self._private_model is None else self._private_model.num_params
         sigma = float(self.sum_noise(eta, n))
@@ -453,7 +449,7 @@ class _StochasticGradientKernel(DPKernel):
                 "batch_size (the dynamics' own noise is the mechanism); it has no "
                 "noise_multiplier to plan with."
             )
-        n = self._rows_for_event(num_rows)
+        n = event_num_rows(self, num_rows)
         if self.step_schedule == "constant":
             z = self.step_noise_multiplier(self.step_size, n)
             return dpa.SelfComposedDpEvent(self._step_event(z, n), num_iterations * self.num_steps)
