@@ -69,7 +69,7 @@ from numpyro_dp.accounting.events import compose, releases
 from numpyro_dp.accounting.gaussian import gaussian_epsilon
 from numpyro_dp.accounting.ledger import PrivacySpent
 from numpyro_dp.accounting.rdp import ORDERS, BarkerDpEvent, barker_rdp, curve_epsilon, wbk_amplify
-from numpyro_dp.kernels import barker, hmc, penalty, ratios, sgmcmc
+from numpyro_dp.kernels import barker, hmc, penalty, ratios, sg_dynamics
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.primitives import clipping, release, tap
 from numpyro_dp.primitives.rounding import exact_sum
@@ -920,7 +920,7 @@ def fault(name: str, *, divisor: float = 3.0) -> Iterator[None]:
         replacements[sum_with_noise] = lambda key, total, num_terms, row_bound, sigma: (
             sum_with_noise(key, total, num_terms, row_bound, sigma / divisor))
         # The kernels' bindings only: ratios' own release_llr calls release_clipped_sum.
-        owners = [penalty, hmc, sgmcmc]
+        owners = [penalty, hmc, sg_dynamics]
     saved = [(owner, attr, value) for owner in owners for attr, value in vars(owner).items()
              if any(value is original for original in replacements)]
     try:
