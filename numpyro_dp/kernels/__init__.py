@@ -11,14 +11,8 @@ from numpyro_dp.kernels.penalty import (
     DPPenaltyState,
     dp_penalty,
 )
-from numpyro_dp.kernels.sgmcmc import (
-    DPSGHMC,
-    DPSGLD,
-    DPSGNHT,
-    DPSGInfo,
-    DPSGNHTState,
-    DPSGState,
-)
+from numpyro_dp.kernels.sg_dynamics import DPSGInfo, DPSGNHTState, DPSGState
+from numpyro_dp.kernels.sgmcmc import DPSGHMC, DPSGLD, DPSGNHT
 
 __all__ = [
     "DPHMC",

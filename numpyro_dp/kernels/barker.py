@@ -15,7 +15,7 @@ Per iteration, from theta, with ``T = n0 / n``:
    ``N(0, C) + V_corr`` is (nearly) Logistic(0, 1).
 
 ``lambda`` and ``sigma_b^2`` come from exact sums of the clipped ratios and
-their squares (:func:`~numpyro_dp.kernels.base.ratio_sums`), so with the rows
+their squares (:func:`~numpyro_dp.kernels.ratios.ratio_sums`), so with the rows
 on a mesh each device sums the batch's rows it holds and only integer totals
 cross devices.  Only the accept decision leaves the kernel; ``lambda``,
 ``sigma_b^2``, the ratios and how many of them were clipped stay inside
@@ -48,16 +48,11 @@ from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_dp.accounting import check_budget, epsilon_spent, max_iterations
 from numpyro_dp.accounting.rdp import BarkerDpEvent
-from numpyro_dp.kernels.base import (
-    DPKernel,
-    batch_ratio_sums,
-    carries_info,
-    check_positive,
-    keyword_arguments,
-    log_prior,
-    phase_mean,
-    ratio_sums,
-)
+from numpyro_dp.kernels.adaptation import phase_mean
+from numpyro_dp.kernels.arguments import check_positive, event_num_rows, keyword_arguments
+from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.kernels.ratios import batch_ratio_sums, log_prior, ratio_sums
+from numpyro_dp.kernels.running import carries_info
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
@@ -110,7 +105,7 @@ def barker_statistics(ratio: jax.Array, clip: float, n0: float) -> tuple[jax.Arr
 
 
 def batch_statistics(sums, batch_size: int, n0: float) -> tuple[jax.Array, jax.Array]:
-    """:func:`barker_statistics` from the batch's :func:`~numpyro_dp.kernels.base.ratio_sums`."""
+    """:func:`barker_statistics` from the batch's :func:`~numpyro_dp.kernels.ratios.ratio_sums`."""
     (total_hi, total_lo), (squares_hi, squares_lo) = sums
     mean = (total_hi + total_lo) / batch_size
     second = (squares_hi + squares_lo) / batch_size
@@ -392,7 +387,7 @@ class DPBarker(DPKernel):
                 "DPBarker has no noise multiplier: its noise is fixed by the Barker "
                 "test, and its cost by n and batch_size."
             )
-        return barker_event(self._rows_for_event(num_rows), self.batch_size)
+        return barker_event(event_num_rows(self, num_rows), self.batch_size)
 
     def budget_advice(self) -> str:
         return (

@@ -42,17 +42,11 @@ from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.kernels.base import (
-    ClipRequest,
-    DPKernel,
-    carries_info,
-    check_positive,
-    keyword_arguments,
-    penalty_test,
-    phase_mean,
-    release_llr,
-    warmup_adapter,
-)
+from numpyro_dp.kernels.adaptation import metric_scales, phase_mean, warmup_adapter
+from numpyro_dp.kernels.arguments import check_positive, event_noise_multiplier, keyword_arguments
+from numpyro_dp.kernels.base import ClipRequest, DPKernel
+from numpyro_dp.kernels.ratios import penalty_test, release_llr
+from numpyro_dp.kernels.running import carries_info
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.gradients import clipped_grad_sum_fn
@@ -486,7 +480,7 @@ class DPHMC(DPKernel):
         # The runner charges the kernel's own (combined) z: the stated pair is what runs.
         if self._explicit is not None and noise_multiplier in (None, self.noise_multiplier):
             return self._explicit
-        z = self._noise_for_event(noise_multiplier)
+        z = event_noise_multiplier(self, noise_multiplier)
         return split_noise_multiplier(z, self.num_steps, self.llr_budget_fraction)
 
     @property
@@ -530,7 +524,7 @@ class DPHMC(DPKernel):
         # With inverse mass Sigma the velocity has norm about sqrt(tr Sigma): the
         # trajectory is about L eta sqrt(tr Sigma) long, and the noisy kicks move
         # the energy by about eta sigma_g sqrt(L tr Sigma).
-        trace, _ = self._metric_scales(self._mass()[2], self._private_model.num_params)
+        trace, _ = metric_scales(self._mass()[2], self._private_model.num_params)
         steps = self.num_steps
         unit = self.sensitivity_factor * self.temperature
         by_llr = 1.0 / (z_llr * unit * self.llr_clip * steps * math.sqrt(trace))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from numpyro_dp.kernels.base import check_positive, extends, keyword_arguments
+from numpyro_dp.kernels.arguments import check_positive, extends, keyword_arguments
 from numpyro_dp.kernels.hmc import DPHMC
 
 

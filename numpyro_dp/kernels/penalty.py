@@ -22,7 +22,7 @@ with ``sigma = z (Delta_lambda + Delta_half_var)``, ``Delta_lambda = 2 n T c / b
 and ``Delta_half_var = 2 ((b - 1) / b) (n T / b)^2 c^2``.  Its cost is the
 Gaussian's RDP amplified by the sampling (WBK, :mod:`numpyro_dp.accounting.rdp`).
 The batch's two sums (ratios and squares) are exact integer sums of the rows
-rounded to a fine grid (:func:`~numpyro_dp.kernels.base.ratio_sums`; the
+rounded to a fine grid (:func:`~numpyro_dp.kernels.ratios.ratio_sums`; the
 rounding is charged), so with the rows on a mesh each device sums the batch's
 rows it holds and only the integer totals cross devices.
 
@@ -45,21 +45,23 @@ from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.kernels.base import (
-    ClipRequest,
-    DPKernel,
-    batch_ratio_sums,
-    carries_info,
+from numpyro_dp.kernels.adaptation import metric_scales, phase_mean, warmup_adapter
+from numpyro_dp.kernels.arguments import (
     check_positive,
+    event_noise_multiplier,
+    event_num_rows,
     extends,
     keyword_arguments,
+)
+from numpyro_dp.kernels.base import ClipRequest, DPKernel
+from numpyro_dp.kernels.ratios import (
+    batch_ratio_sums,
     log_prior,
     penalty_test,
-    phase_mean,
     ratio_sums,
     release_llr,
-    warmup_adapter,
 )
+from numpyro_dp.kernels.running import carries_info
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.primitives.batching import sample_without_replacement
@@ -142,7 +144,7 @@ def batch_llr(
 
     ``ratio`` holds the ``b`` ratios of a batch (clipped here to ``clip``),
     ``scale = n T / b``: :func:`batch_llr_value` of their
-    :func:`~numpyro_dp.kernels.base.ratio_sums`.
+    :func:`~numpyro_dp.kernels.ratios.ratio_sums`.
     """
     sums = ratio_sums(ratio, clip, levels=levels)
     return batch_llr_value(sums, ratio.shape[0], clip, scale, sensitivity_factor)
@@ -150,7 +152,7 @@ def batch_llr(
 
 def batch_llr_value(sums, b: int, clip, scale: float, sensitivity_factor: float):
     """``lambda* - sigma_b^2 / 2`` (prior and proposal terms excluded) from a batch's
-    :func:`~numpyro_dp.kernels.base.ratio_sums`, and its sensitivity as computed.
+    :func:`~numpyro_dp.kernels.ratios.ratio_sums`, and its sensitivity as computed.
 
     The sums are of the rows as rounded: ratios ``r~`` within ``c1 = c + q1 / 2``
     and squares within ``eta = q2 / 2 + u c^2 + c q1 + q1^2 / 4`` of ``r~^2``
@@ -204,7 +206,7 @@ def release_batch_sums(
     key: jax.Array, sums, b: int, clip: jax.Array, scale: float, *,
     noise_multiplier: float, sensitivity_factor: float,
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`release_batch_llr` from the batch's :func:`~numpyro_dp.kernels.base.ratio_sums`
+    """:func:`release_batch_llr` from the batch's :func:`~numpyro_dp.kernels.ratios.ratio_sums`
     (with ``sum_levels(noise_multiplier * sensitivity_factor)`` levels)."""
     value, sensitivity = batch_llr_value(sums, b, clip, scale, sensitivity_factor)
     c1 = clip + row_quantum(clip, b, value.dtype) / 2
@@ -460,7 +462,7 @@ class DPPenalty(DPKernel):
     ) -> dpa.DpEvent:
         """One Gaussian release of the clipped log-likelihood ratio (``noise_multiplier``
         defaults to the kernel's)."""
-        return dpa.GaussianDpEvent(self._noise_for_event(noise_multiplier))
+        return dpa.GaussianDpEvent(event_noise_multiplier(self, noise_multiplier))
 
     def clip_requests(self) -> tuple[ClipRequest, ...]:
         if self.llr_clip is not None:
@@ -473,9 +475,9 @@ class DPPenalty(DPKernel):
         if self.proposal_scale is not None:
             return self.proposal_scale
         pm = self._private_model
-        trace, largest = self._metric_scales(self._mass()[2], pm.num_params)
+        trace, largest = metric_scales(self._mass()[2], pm.num_params)
         noise_per_unit_step = (
-            self._noise_for_event(None) * self.sensitivity_factor * self.llr_clip
+            event_noise_multiplier(self, None) * self.sensitivity_factor * self.llr_clip
             * self.temperature
         )
         if self.batch_size is not None:  # the batch sum is scaled by n / b
@@ -577,6 +579,6 @@ class DPMinibatchPenalty(DPPenalty):
         ``num_rows`` (n) is needed before the kernel has seen the data.
         """
         return dpa.SampledWithoutReplacementDpEvent(
-            self._rows_for_event(num_rows), self.batch_size,
+            event_num_rows(self, num_rows), self.batch_size,
             super().per_iteration_event(noise_multiplier),
         )

@@ -23,7 +23,7 @@ and Python callbacks (``jax.debug.print``, ``jax.debug.callback``,
 executable's): a program that calls back into Python is compiled for its own
 use and never shared.  Neither side holds private data: the rows and the run
 secret are arguments, never constants
-(:class:`~numpyro_dp.kernels.base.RunInputs`).
+(:class:`~numpyro_dp.kernels.running.RunInputs`).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from numpyro.distributions import biject_to
 from numpyro.infer import NUTS, init_to_value
 from numpyro.infer.initialization import init_to_median
 
+from numpyro_dp.kernels.arguments import event_noise_multiplier
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
@@ -243,7 +244,7 @@ class NoiseAwareNUTS(DPKernel):
         """The release phase's ``(phase, event, releases)`` (none once it is made)."""
         if self.release is not None:
             return []
-        z = self._noise_for_event(noise_multiplier)
+        z = event_noise_multiplier(self, noise_multiplier)
         pm = self._private_model
         if pm is None:
             raise ValueError(

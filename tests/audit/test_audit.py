@@ -36,7 +36,7 @@ from numpyro_dp.evaluation.canary import (
     mean_model,
     neighbours,
 )
-from numpyro_dp.kernels import base, hmc, penalty, sgmcmc
+from numpyro_dp.kernels import hmc, penalty, ratios, sg_dynamics
 from numpyro_dp.primitives import clipping, compiled, rounding, tap
 from numpyro_dp.primitives import release as gate
 
@@ -370,21 +370,21 @@ def test_bad_audits_are_refused_with_the_fix():
 
 
 def test_a_fault_is_undone_when_its_block_ends():
-    release, clip, ratios = gate.grid_release, clipping.clip_weights, base.clip_ratios
+    release, clip, clip_ratios = gate.grid_release, clipping.clip_weights, ratios.clip_ratios
     kernel_releases = (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
-                       hmc.release_llr, sgmcmc.release_sum_with_noise)
+                       hmc.release_llr, sg_dynamics.release_sum_with_noise)
     with audit.fault("noise_halved"), audit.fault("canary_unclipped"):
         assert gate.grid_release is not release and clipping.clip_weights is not clip
-        assert base.clip_ratios is not ratios  # what the penalty and Barker sums clip with
+        assert ratios.clip_ratios is not clip_ratios  # what the penalty and Barker sums clip with
     assert gate.grid_release is release and clipping.clip_weights is clip
-    assert base.clip_ratios is ratios
+    assert ratios.clip_ratios is clip_ratios
     with audit.fault("kernel_noise_divided"):
         divided = (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
-                   hmc.release_llr, sgmcmc.release_sum_with_noise)
+                   hmc.release_llr, sg_dynamics.release_sum_with_noise)
         assert not any(a is b for a, b in zip(divided, kernel_releases, strict=True))
-        assert base.release_llr is not penalty.release_llr  # base's own stay: divided once
+        assert ratios.release_llr is not penalty.release_llr  # ratios' own stay: divided once
     assert (penalty.release_llr, penalty.release_batch_sums, hmc.release_clipped_sum,
-            hmc.release_llr, sgmcmc.release_sum_with_noise) == kernel_releases
+            hmc.release_llr, sg_dynamics.release_sum_with_noise) == kernel_releases
 
 
 @pytest.mark.slow  # make test-all: the README's example, as a user would run it
