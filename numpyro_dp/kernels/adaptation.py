@@ -141,3 +141,30 @@ def metric_scales(inverse, dim: int) -> tuple[float, float]:
         return float(dim), 1.0
     diag = np.diag(np.asarray(inverse)) if np.ndim(inverse) == 2 else np.asarray(inverse)
     return float(np.sum(diag)), float(np.max(diag))
+
+
+class MassMatrix:
+    """Mixin of the kernels with a mass matrix (DPHMC; DPPenalty's proposal covariance):
+    NumPyro's ``inverse_mass_matrix``, ``dense_mass`` and ``adapt_mass_matrix``,
+    checked when given and resolved against the warm start before a run."""
+
+    def _set_mass(self, inverse_mass_matrix, dense_mass: bool | None,
+                  adapt_mass_matrix: bool | None) -> None:
+        check_mass_arguments(type(self).__name__, inverse_mass_matrix, dense_mass)
+        self.inverse_mass_matrix = inverse_mass_matrix
+        self.dense_mass = dense_mass
+        self.adapt_mass_matrix = adapt_mass_matrix
+
+    def _mass(self) -> tuple[bool, bool, np.ndarray | None]:
+        """``(dense, adapt, inverse)``: the coming run's initial inverse mass matrix
+        (:func:`initial_mass`)."""
+        pm = self._private_model
+        free = moves_freely(pm.num_rows, self.sensitivity_factor, self.noise_multiplier)
+        return initial_mass(self.inverse_mass_matrix, self.dense_mass, self.adapt_mass_matrix,
+                            self._preconditioner, pm.num_params, free)
+
+    def prepare(self, model_args: tuple, model_kwargs: dict, row_layout=None):
+        pm = super().prepare(model_args, model_kwargs, row_layout)
+        if self.inverse_mass_matrix is not None:
+            self._mass()  # a stated matrix's shape is checked before any charge
+        return pm

@@ -36,7 +36,6 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from numpyro_dp.accounting import check_neighbourhood, sensitivity_factor
-from numpyro_dp.kernels.adaptation import check_mass_arguments, initial_mass, moves_freely
 from numpyro_dp.kernels.arguments import check_positive, check_settable, check_temperature
 from numpyro_dp.kernels.running import RunInputs, armed_inputs, chain_sampler, init_chains
 from numpyro_dp.model.adapter import PrivateModel
@@ -120,10 +119,8 @@ class DPKernel(MCMCKernel):
     ):
         self._model = model
         if noise_multiplier is not None:
-            check_positive(
-                "noise_multiplier", noise_multiplier,
-                "or leave it None and give PrivateMCMC an epsilon and delta.",
-            )
+            check_positive("noise_multiplier", noise_multiplier,
+                           "or leave it None and give PrivateMCMC an epsilon and delta.")
         self.noise_multiplier = noise_multiplier
         self.neighbourhood = check_neighbourhood(neighbourhood)
         self.temperature = check_temperature(temperature)
@@ -148,13 +145,9 @@ class DPKernel(MCMCKernel):
                 row_layout: RowLayout | None = None) -> PrivateModel:
         """Analyse and validate the model and data (raises on bad input);
         ``row_layout`` says which rows of padded arrays are real (:func:`ndp.shard_rows`)."""
-        self._private_model = PrivateModel(
-            self._model, model_args, model_kwargs, data_plate=self.data_plate,
-            row_layout=row_layout,
-        )
+        self._private_model = PrivateModel(self._model, model_args, model_kwargs,
+                                           data_plate=self.data_plate, row_layout=row_layout)
         self._sample_fn = None
-        if getattr(self, "inverse_mass_matrix", None) is not None:
-            self._mass()  # a stated matrix's shape is checked before any charge
         return self._private_model
 
     def per_iteration_event(
@@ -280,22 +273,6 @@ class DPKernel(MCMCKernel):
         new._frozen, new._charged_by, new._armed_by = False, None, None
         new.configure(noise_multiplier=noise_multiplier, clips=clips)
         return new
-
-    def _set_mass(self, inverse_mass_matrix, dense_mass: bool | None,
-                  adapt_mass_matrix: bool | None) -> None:
-        """Check and keep the mass-matrix arguments (DPHMC's; DPPenalty's proposal covariance)."""
-        check_mass_arguments(type(self).__name__, inverse_mass_matrix, dense_mass)
-        self.inverse_mass_matrix = inverse_mass_matrix
-        self.dense_mass = dense_mass
-        self.adapt_mass_matrix = adapt_mass_matrix
-
-    def _mass(self) -> tuple[bool, bool, np.ndarray | None]:
-        """``(dense, adapt, inverse)``: the coming run's initial inverse mass matrix
-        (:func:`~numpyro_dp.kernels.adaptation.initial_mass`)."""
-        pm = self._private_model
-        free = moves_freely(pm.num_rows, self.sensitivity_factor, self.noise_multiplier)
-        return initial_mass(self.inverse_mass_matrix, self.dense_mass, self.adapt_mass_matrix,
-                            self._preconditioner, pm.num_params, free)
 
     def max_batch_size(
         self, num_rows: int, num_iterations: int, epsilon: float, delta: float,

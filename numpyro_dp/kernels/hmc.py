@@ -42,7 +42,7 @@ from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.kernels.adaptation import metric_scales, phase_mean, warmup_adapter
+from numpyro_dp.kernels.adaptation import MassMatrix, metric_scales, phase_mean, warmup_adapter
 from numpyro_dp.kernels.arguments import check_positive, event_noise_multiplier, keyword_arguments
 from numpyro_dp.kernels.base import ClipRequest, DPKernel
 from numpyro_dp.kernels.ratios import penalty_test, release_llr
@@ -287,7 +287,7 @@ def dp_hmc(
     return init_fn, sample_fn
 
 
-class DPHMC(DPKernel):
+class DPHMC(MassMatrix, DPKernel):
     """Differentially private Hamiltonian Monte Carlo (DP-HMC).
 
     Parameters

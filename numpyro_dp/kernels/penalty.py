@@ -45,7 +45,7 @@ from numpyro.infer.hmc_util import HMCAdaptState
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.util import identity
 
-from numpyro_dp.kernels.adaptation import metric_scales, phase_mean, warmup_adapter
+from numpyro_dp.kernels.adaptation import MassMatrix, metric_scales, phase_mean, warmup_adapter
 from numpyro_dp.kernels.arguments import (
     check_positive,
     event_noise_multiplier,
@@ -339,7 +339,7 @@ def dp_penalty(
     return init_fn, sample_fn
 
 
-class DPPenalty(DPKernel):
+class DPPenalty(MassMatrix, DPKernel):
     """Differentially private Metropolis-Hastings by the penalty method.
 
     Parameters

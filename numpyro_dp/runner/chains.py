@@ -7,7 +7,11 @@ Functions of the runner; the budget's decisions are :mod:`numpyro_dp.runner.budg
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,14 +19,20 @@ import numpy as np
 from jax.sharding import Mesh
 from numpyro.util import is_prng_key
 
+from numpyro_dp.accounting import check_delta_for_rows
+from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.model.adapter import PrivateModel, tabular_to_numpy
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import warmup_state
 from numpyro_dp.primitives.sharding import (
     CHAIN_AXIS,
     DATA_AXIS,
     RunMesh,
+    automatic,
     automatic_mesh,
+    check_layout_given,
     check_run_mesh,
+    mesh_on,
     rows_mesh,
     shard_rows,
 )
@@ -59,6 +69,30 @@ def check_chain_options(num_chains, chain_method: str, mesh, max_noise_multiplie
         check_run_mesh(mesh)
     if not (isinstance(max_noise_multiplier, (int, float)) and max_noise_multiplier > 0):
         raise ValueError(f"max_noise_multiplier={max_noise_multiplier!r} must be > 0.")
+
+
+def check_sampler(sampler) -> None:
+    """Refuse a kernel that is not private, or one another runner already accounts."""
+    if not isinstance(sampler, DPKernel):
+        raise TypeError(
+            f"PrivateMCMC needs a differentially private kernel (DPPenalty, ...), "
+            f"got {type(sampler).__name__}; for non-private inference use "
+            "numpyro.infer.MCMC."
+        )
+    if sampler._charged_by is not None:
+        raise ValueError(
+            f"This {type(sampler).__name__} is already accounted by another "
+            "PrivateMCMC. Keep using that runner (its ledger accumulates over "
+            "runs) or build a new kernel: a second runner would start a second, "
+            "separate ledger for the same data."
+        )
+
+
+def check_call(mcmc, rng_key, extra_fields) -> None:
+    """What a call asks of the chains (fields, keys, a continued state), before any charge."""
+    check_extra_fields(mcmc.sampler, extra_fields)
+    check_keys(mcmc, rng_key)
+    check_post_warmup_state(mcmc)
 
 
 def check_extra_fields(kernel, extra_fields) -> None:
@@ -171,6 +205,80 @@ def place(mcmc, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
             f"of {mesh.shape[CHAIN_AXIS]} chains, or make the axis smaller."
         )
     return args, kwargs, pm, RunMesh(mesh, placed and placed[1], chains)
+
+
+# ------------------------------------------------------------------ the rows
+class PreparedCall(NamedTuple):
+    """A call's data, converted, validated and placed once: all the chains see of it.
+
+    Attributes
+    ----------
+    args, kwargs : tuple, dict
+        The model's arguments as the kernel runs on them (NumPy or placed arrays).
+    model : PrivateModel
+        The kernel's analysis of the model on them (:meth:`DPKernel.prepare`).
+    rows : tuple
+        The private row arrays (:meth:`PrivateModel.private_inputs`).
+    mesh : RunMesh or None
+        Where the chains run (None: one device).
+    """
+
+    args: tuple
+    kwargs: dict
+    model: PrivateModel
+    rows: tuple
+    mesh: RunMesh | None
+
+
+def validated(kernel, args: tuple, kwargs: dict, row_layout: RowLayout | None):
+    """``(args, kwargs, model)``: the arguments converted (tables to arrays, rows on an
+    automatic mesh) and the model and data validated by the kernel, before any charge.
+
+    One preparation for :meth:`PrivateMCMC.run <numpyro_dp.PrivateMCMC.run>` and
+    :meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>` (which uses no value of the
+    rows)."""
+    args, kwargs = automatic(tabular_to_numpy((args, kwargs)))
+    check_layout_given((args, kwargs), row_layout)
+    return args, kwargs, kernel.prepare(args, kwargs, row_layout)
+
+
+def prepare_call(mcmc, args: tuple, kwargs: dict, row_layout: RowLayout | None) -> PreparedCall:
+    """Validate the call's data (:func:`validated`), place the rows (:func:`place`) and
+    check ``delta`` against their number: everything before the charge."""
+    args, kwargs, pm = validated(mcmc.sampler, args, kwargs, row_layout)
+    args, kwargs, pm, run_mesh = place(mcmc, args, kwargs, pm, row_layout)
+    check_delta_for_rows(mcmc.delta, pm.num_rows)
+    return PreparedCall(args, kwargs, pm, pm.private_inputs(args, kwargs), run_mesh)
+
+
+def make_releases(mcmc, call: PreparedCall, tuning: TuningPlan | None, rng_key, secret,
+                  note) -> None:
+    """The releases made once before the chains, already charged: the tuning (clips, warm
+    start) and the kernel's own (``NoiseAwareNUTS``'s score release)."""
+    kernel = mcmc.sampler
+    if tuning is not None:
+        with mesh_on(call.mesh):
+            tune(mcmc, tuning, rng_key, call.model, call.args, call.kwargs, call.rows, secret)
+    if kernel.releases_once and kernel.release_entries():
+        # Charged with the tuning; public keys apart from the tuning's and the chains'.
+        key = jax.random.fold_in(first_key(rng_key), TUNING_KEY_TAG + 2)
+        with mesh_on(call.mesh):
+            kernel.make_release(call.model, mcmc.tuning, rng_key=key, rows=call.rows,
+                                secret=secret, note=functools.partial(note, mcmc))
+
+
+@contextlib.contextmanager
+def on_mesh(mcmc, run_mesh: RunMesh | None) -> Iterator[None]:
+    """Run the call's chains on its mesh: as one batch there (split over its chain
+    axis, if any) instead of NumPyro's chain method, which is restored after."""
+    chain_method = mcmc.chain_method
+    if run_mesh is not None and mcmc.num_chains > 1:
+        mcmc.chain_method = "vectorized"
+    try:
+        with mesh_on(run_mesh):
+            yield
+    finally:
+        mcmc.chain_method = chain_method
 
 
 # ------------------------------------------------------------------ starts

@@ -25,11 +25,9 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
-from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import collection_params, warmup_state
-from numpyro_dp.primitives.sharding import automatic, check_layout_given
-from numpyro_dp.runner import budget
+from numpyro_dp.runner import budget, chains
 from numpyro_dp.runner.mixing import MixingWarning
 from numpyro_dp.runner.tuning import TuningPlan
 
@@ -320,9 +318,7 @@ def plan_call(mcmc, model_args: tuple, model_kwargs: dict, num_rows: int | None,
     would cost, from public facts only (nothing runs, nothing is charged)."""
     kernel = mcmc.sampler
     if model_args or model_kwargs:
-        model_args, model_kwargs = automatic(tabular_to_numpy((model_args, model_kwargs)))
-        check_layout_given((model_args, model_kwargs), row_layout)
-        num_rows = kernel.prepare(model_args, model_kwargs, row_layout).num_rows
+        num_rows = chains.validated(kernel, model_args, model_kwargs, row_layout)[2].num_rows
     if num_rows is not None:
         check_delta_for_rows(mcmc.delta, num_rows)
     iterations, _ = iterations_this_call(mcmc)

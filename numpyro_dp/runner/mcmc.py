@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 from numpyro.infer import MCMC
 
-from numpyro_dp.accounting import check_delta_for_rows
 from numpyro_dp.accounting.ledger import PrivacyLedger, PrivacySpent
 from numpyro_dp.kernels.base import DPKernel
-from numpyro_dp.model.adapter import tabular_to_numpy
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import (
     guard_data,
@@ -22,11 +17,6 @@ from numpyro_dp.numpyro_compat import (
     warmup_state,
 )
 from numpyro_dp.primitives.secret import run_secret
-from numpyro_dp.primitives.sharding import (
-    automatic,
-    check_layout_given,
-    mesh_on,
-)
 from numpyro_dp.runner import chains, charging
 from numpyro_dp.runner.budget import check_shares, resolve_budget
 from numpyro_dp.runner.chains import check_chain_options
@@ -34,9 +24,9 @@ from numpyro_dp.runner.charging import RunPlan
 from numpyro_dp.runner.mixing import (
     MixingReport,
     mixing_report,
+    print_run_summary,
     warn_if_not_mixed,
 )
-from numpyro_dp.runner.mixing import print_summary as print_draws_summary
 from numpyro_dp.runner.tuning import (
     CLIP_SELECTION_SHARE,
     TuningResult,
@@ -220,37 +210,19 @@ class PrivateMCMC(MCMC):
         check_mixing: bool = True,
         mesh: Mesh | None = None,
     ):
-        if not isinstance(sampler, DPKernel):
-            raise TypeError(
-                f"PrivateMCMC needs a differentially private kernel (DPPenalty, ...), "
-                f"got {type(sampler).__name__}; for non-private inference use "
-                "numpyro.infer.MCMC."
-            )
+        chains.check_sampler(sampler)
         epsilon, delta, accountant, calibrate = resolve_budget(
             sampler, epsilon, delta, accountant, ledger)
-        if sampler._charged_by is not None:
-            raise ValueError(
-                f"This {type(sampler).__name__} is already accounted by another "
-                "PrivateMCMC. Keep using that runner (its ledger accumulates over "
-                "runs) or build a new kernel: a second runner would start a second, "
-                "separate ledger for the same data."
-            )
         check_chain_options(num_chains, chain_method, mesh, max_noise_multiplier)
         if warm_start is None:  # a kernel with stated noise is in manual mode
             warm_start = "auto" if calibrate else 0.0
         check_shares(warm_start, clip_selection, warm_start_steps)
         self._data = None  # (args, kwargs) of the call in progress, never kept after it
-        super().__init__(
-            sampler,
-            num_warmup=num_warmup,
-            num_samples=num_samples,
-            num_chains=num_chains,
-            thinning=thinning,
-            postprocess_fn=postprocess_fn,
-            chain_method=chain_method,
-            progress_bar=progress_bar,
-            jit_model_args=True,  # the rows are arguments of the compiled program
-        )
+        # jit_model_args: the rows are arguments of the compiled program.
+        super().__init__(sampler, num_warmup=num_warmup, num_samples=num_samples,
+                         num_chains=num_chains, thinning=thinning, postprocess_fn=postprocess_fn,
+                         chain_method=chain_method, progress_bar=progress_bar,
+                         jit_model_args=True)
         self.epsilon = epsilon
         self.delta = delta
         self.reproducible_noise = bool(reproducible_noise)
@@ -263,9 +235,8 @@ class PrivateMCMC(MCMC):
         self.warm_start_steps = warm_start_steps
         self.tuning: TuningResult | None = None
         self._calibrate = calibrate
-        self._ledger = (
-            PrivacyLedger(delta, sampler.neighbourhood, accountant) if ledger is None else ledger
-        )
+        self._ledger = ledger if ledger is not None else PrivacyLedger(
+            delta, sampler.neighbourhood, accountant)
 
     # ----------------------------------------------------------- accounting
     @property
@@ -310,14 +281,7 @@ class PrivateMCMC(MCMC):
         exclude_deterministic : bool
             Leave out deterministic sites, as NumPyro does.
         """
-        sites = self.get_samples(group_by_chain=True)
-        latent = getattr(self._last_state, self._sample_field, None)
-        if exclude_deterministic and isinstance(latent, dict):
-            sites = {k: v for k, v in sites.items() if k in latent}
-        print_draws_summary(sites, prob)
-        extra = self.get_extra_fields()
-        if "diverging" in extra:
-            print(f"Number of divergences: {int(np.sum(np.asarray(extra['diverging'])))}")
+        print_run_summary(self, prob, exclude_deterministic)
 
     def privacy_spent(self) -> PrivacySpent:
         """What all charged calls of this runner's ledger have spent together."""
@@ -346,50 +310,32 @@ class PrivateMCMC(MCMC):
             chains than ``num_chains`` (everything is checked before any charge).
         """
         kernel = self.sampler
-        chains.check_extra_fields(kernel, extra_fields)
-        chains.check_keys(self, rng_key)
-        chains.check_post_warmup_state(self)
-        args, kwargs = automatic(tabular_to_numpy((args, kwargs)))
-        check_layout_given((args, kwargs), row_layout)
-        pm = kernel.prepare(args, kwargs, row_layout)  # validates model and data before any charge
-        args, kwargs, pm, run_mesh = chains.place(self, args, kwargs, pm, row_layout)
-        check_delta_for_rows(self.delta, pm.num_rows)
-        chains.check_init_params(self, init_params, pm.param_shapes)
+        chains.check_call(self, rng_key, extra_fields)
+        call = chains.prepare_call(self, args, kwargs, row_layout)  # before any charge
+        chains.check_init_params(self, init_params, call.model.param_shapes)
         iterations, phase = charging.iterations_this_call(self)
         tuning = charging.tuning_plan(self, init_params) if iterations > 0 else None
         if iterations > 0:
             charging.charge(self, iterations, phase, tuning)
         secret = run_secret(rng_key, self.reproducible_noise, "this PrivateMCMC run")
-        rows = pm.private_inputs(args, kwargs)
-        if tuning is not None:
-            with mesh_on(run_mesh):
-                chains.tune(self, tuning, rng_key, pm, args, kwargs, rows, jnp.asarray(secret))
-        if iterations > 0 and kernel.releases_once and kernel.release_entries():
-            # Charged with the tuning; public keys apart from the tuning's and the chains'.
-            key = jax.random.fold_in(chains.first_key(rng_key), chains.TUNING_KEY_TAG + 2)
-            with mesh_on(run_mesh):
-                kernel.make_release(pm, self.tuning, rng_key=key, rows=rows,
-                                    secret=jnp.asarray(secret),
-                                    note=functools.partial(charging.note, self))
+        if iterations > 0:
+            chains.make_releases(self, call, tuning, rng_key, jnp.asarray(secret),
+                                 charging.note)
         if init_params is None and warmup_state(self) is None and self.tuning is not None:
             init_params = chains.starts(self, rng_key)
         kernel.freeze()  # what was charged is what runs, in this call and every later one
-        inputs = kernel.run_inputs(rows, secret)  # the clips as tuning chose them
-        chain_method = self.chain_method
-        if run_mesh is not None and self.num_chains > 1:
-            # The chains are a batch on the mesh (split over its chain axis, if any).
-            self.chain_method = "vectorized"
+        inputs = kernel.run_inputs(call.rows, secret)  # the clips as tuning chose them
         try:
-            with kernel.armed(self), loops_compiled_once(), mesh_on(run_mesh):
+            with kernel.armed(self), loops_compiled_once(), chains.on_mesh(self, call.mesh):
                 super().run(rng_key, inputs, extra_fields=extra_fields, init_params=init_params)
         finally:
-            self.chain_method = chain_method
             self._data = None
         if self.check_mixing and "sample" in phase:
             # Post-processing of the released draws: free.  Latent sites only:
             # a deterministic site may be constant by design.
             draws = self.get_samples(group_by_chain=True)
-            self.mixing = mixing_report({k: draws[k] for k in pm.latent_sites if k in draws})
+            self.mixing = mixing_report(
+                {k: draws[k] for k in call.model.latent_sites if k in draws})
             warn_if_not_mixed(self.mixing, stacklevel=2)
 
     @property

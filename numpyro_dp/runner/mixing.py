@@ -184,6 +184,20 @@ def print_summary(samples_by_chain: Mapping[str, np.ndarray], prob: float = 0.9)
     print()
 
 
+def print_run_summary(mcmc, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
+    """:meth:`PrivateMCMC.print_summary <numpyro_dp.PrivateMCMC.print_summary>`: the
+    draws' table (:func:`print_summary`; deterministic sites left out as NumPyro
+    does), then the number of divergences where the kernel reports them."""
+    sites = mcmc.get_samples(group_by_chain=True)
+    latent = getattr(mcmc._last_state, mcmc._sample_field, None)
+    if exclude_deterministic and isinstance(latent, dict):
+        sites = {k: v for k, v in sites.items() if k in latent}
+    print_summary(sites, prob)
+    extra = mcmc.get_extra_fields()
+    if "diverging" in extra:
+        print(f"Number of divergences: {int(np.sum(np.asarray(extra['diverging'])))}")
+
+
 def warn_if_not_mixed(report: MixingReport | None, stacklevel: int = 2) -> None:
     """Warn with a :class:`MixingWarning` when ``report`` lists a problem."""
     if report is None or not report.problems:
