@@ -196,11 +196,12 @@ def _worker(args: argparse.Namespace) -> dict:
         except ValueError:  # linear_predictor forced on a model without a narrow cut
             continue
         init_fn, sample_fn = dp_hmc(
-            pm, 0, num_steps=L, grad_clip=3.0, llr_clip=3.0,
+            pm, 0, num_steps=L,
             noise_multiplier_grad=2.0, noise_multiplier_llr=2.0, sensitivity_factor=2.0,
             adapt_step_size=False, adapt_mass_matrix=False, grad_route=route,
         )
-        step = functools.partial(sample_fn, secret=draw_secret())  # the run's secret
+        step = functools.partial(sample_fn, secret=draw_secret(),  # the run's secret
+                                 grad_clip=3.0, llr_clip=3.0)
         benches[name] = (looped(step), init_fn(truth, step_size, None, random.PRNGKey(2)))
 
     results = {}

@@ -157,16 +157,14 @@ def _worker(args: argparse.Namespace) -> dict:
     add("floor", floor_run, w0, random.PRNGKey(1), X, y)
 
     # (b) DPPenalty's functional core, K iterations in one jitted scan.
-    init_fn, sample_fn = dp_penalty(
-        pm, 0, llr_clip=llr_clip, noise_multiplier=z_mult, sensitivity_factor=sens
-    )
+    init_fn, sample_fn = dp_penalty(pm, 0, noise_multiplier=z_mult, sensitivity_factor=sens)
     state0 = init_fn(pm.init_params(random.PRNGKey(2), (X,), {"y": y}), 0.01, None,
                      random.PRNGKey(3))
 
     @jax.jit
     def kernel_run(state, X, y):
         def body(s, _):
-            s = sample_fn(s, (X,), {"y": y}, draw_secret())
+            s = sample_fn(s, (X,), {"y": y}, draw_secret(), llr_clip=llr_clip)
             return s, s.accepted
 
         return lax.scan(body, state, None, length=K)

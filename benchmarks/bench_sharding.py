@@ -82,16 +82,16 @@ def _worker(args) -> dict:
                                                             mkwargs))
     placed = rows_mesh((Xs, ys))  # None on one device
     with mesh_on(placed and RunMesh(*placed)):  # as PrivateMCMC.run traces its programs
-        init_h, sample_h = dp_hmc(pm, 0, num_steps=L, grad_clip=3.0, llr_clip=3.0,
-                                  noise_multiplier_grad=2.0, noise_multiplier_llr=2.0,
-                                  sensitivity_factor=2.0, adapt_step_size=False,
-                                  adapt_mass_matrix=False)
-        benches["dphmc"] = (looped(lambda s, a, k: sample_h(s, a, k, secret)),
+        init_h, sample_h = dp_hmc(pm, 0, num_steps=L, noise_multiplier_grad=2.0,
+                                  noise_multiplier_llr=2.0, sensitivity_factor=2.0,
+                                  adapt_step_size=False, adapt_mass_matrix=False)
+        benches["dphmc"] = (looped(lambda s, a, k: sample_h(s, a, k, secret, grad_clip=3.0,
+                                                            llr_clip=3.0)),
                             init_h(start, step_size, None, random.PRNGKey(2)))
-        init_p, sample_p = dp_penalty(pm, 0, llr_clip=3.0, noise_multiplier=2.0,
-                                      sensitivity_factor=2.0, adapt_step_size=False,
-                                      adapt_mass_matrix=False)
-        benches["dppenalty"] = (looped(lambda s, a, k: sample_p(s, a, k, secret)),
+        init_p, sample_p = dp_penalty(pm, 0, noise_multiplier=2.0, sensitivity_factor=2.0,
+                                      adapt_step_size=False, adapt_mass_matrix=False)
+        benches["dppenalty"] = (looped(lambda s, a, k: sample_p(s, a, k, secret,
+                                                                llr_clip=3.0)),
                                 init_p(start, step_size, None, random.PRNGKey(3)))
         results = {}
         for name, (run, state) in benches.items():

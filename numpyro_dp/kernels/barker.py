@@ -403,7 +403,7 @@ class DPBarker(DPKernel):
         """The largest batch size whose run fits (see :func:`barker_max_batch_size`)."""
         return barker_max_batch_size(num_rows, num_iterations, epsilon, delta, num_chains, spent)
 
-    def _core(self, num_warmup: int, public: dict | None = None):
+    def _core(self, num_warmup: int):
         return dp_barker(
             self._private_model, num_warmup, batch_size=self.batch_size, n0=self.n0,
             proposal_scale=self.proposal_scale,

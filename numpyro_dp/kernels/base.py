@@ -102,10 +102,6 @@ class DPKernel(MCMCKernel):
     #: The warm start's share of epsilon when ``PrivateMCMC(warm_start="auto")``
     #: (None: the runner's, :func:`~numpyro_dp.runner.budget.auto_warm_start_share`).
     warm_start_share: float | None = None
-    #: Public parameters the compiled sampler takes as arguments rather than
-    #: constants: the clips PrivateMCMC chooses privately are new numbers on
-    #: every run, and as constants they would make every re-run compile anew.
-    traced_parameters: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -310,24 +306,27 @@ class DPKernel(MCMCKernel):
         finally:
             self._armed_by = None
 
+    def tuned_clips(self) -> dict[str, float | None]:
+        """The clips the algorithm's ``sample_fn`` takes at every call, by name
+        (:meth:`_core`; none by default): a run passes them as arguments of the
+        compiled sampler (:attr:`RunInputs.clips`), never as constants, since
+        the clips PrivateMCMC chooses privately are new numbers on every run,
+        and as constants they would make every re-run compile anew."""
+        return {}
+
     def run_inputs(self, rows: tuple, secret) -> RunInputs:
         """The inputs of a run on ``rows`` (:meth:`PrivateModel.private_inputs`)."""
         dtype = jnp.result_type(float)
-        public = {name: jnp.asarray(getattr(self, name), dtype)
-                  for name in self.traced_parameters if getattr(self, name) is not None}
-        return RunInputs(rows, jnp.asarray(secret), public)
-
-    def _parameters(self, public: dict | None) -> dict:
-        """The :data:`traced_parameters`: ``public``'s (traced) values, else the attributes."""
-        public = public or {}
-        return {name: public.get(name, getattr(self, name)) for name in self.traced_parameters}
+        clips = {name: jnp.asarray(value, dtype)
+                 for name, value in self.tuned_clips().items() if value is not None}
+        return RunInputs(rows, jnp.asarray(secret), clips)
 
     def _unpack(self, model_args: tuple, model_kwargs: dict):
-        """``(model_args, model_kwargs, secret, public)`` of an armed run's inputs."""
+        """``(model_args, model_kwargs, secret, clips)`` of an armed run's inputs."""
         inputs = armed_inputs(type(self).__name__, self._armed_by is not None, model_args,
                               model_kwargs)
         args, kwargs = self._private_model.rebuild(inputs.rows)
-        return args, kwargs, inputs.secret, inputs.public
+        return args, kwargs, inputs.secret, inputs.clips
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_args, model_kwargs, _, _ = self._unpack(model_args, model_kwargs)
@@ -336,26 +335,23 @@ class DPKernel(MCMCKernel):
                 f"{type(self).__name__} has no noise multiplier: give PrivateMCMC an "
                 "epsilon and delta to calibrate it, or pass noise_multiplier=."
             )
-        init_fn, _ = self._core(num_warmup)
-        # The sampler kept for sample() builds the algorithm's step while it is traced.
-        self._sample_fn = chain_sampler(lambda public: self._core(num_warmup, public)[1],
-                                        batched=not is_prng_key(rng_key))
+        init_fn, sample_fn = self._core(num_warmup)
+        self._sample_fn = chain_sampler(sample_fn, batched=not is_prng_key(rng_key))
         return init_chains(self._private_model, self._init_strategy, rng_key, init_params,
                            model_args, model_kwargs, init_fn)
 
-    def _core(self, num_warmup: int, public: dict | None = None) -> tuple[Callable, Callable]:
-        """``(init_fn(params, key), sample_fn(state, args, kwargs, secret))`` of the algorithm.
+    def _core(self, num_warmup: int) -> tuple[Callable, Callable]:
+        """``(init_fn(params, key), sample_fn(state, args, kwargs, secret, **clips))`` of
+        the algorithm, built once from the kernel's settings.
 
-        ``public`` holds (possibly traced) values of :data:`traced_parameters`
-        for ``sample_fn`` to use instead of the attributes
-        (:meth:`_parameters`); given, only ``sample_fn`` is needed (``init_fn``
-        may be None, and nothing that only ``init_fn`` uses need be computed).
+        ``clips`` are the :meth:`tuned_clips` by name, given at every call
+        (possibly traced): they are not read from the attributes here.
         """
         raise NotImplementedError
 
     def sample(self, state, model_args, model_kwargs):
-        model_args, model_kwargs, secret, public = self._unpack(model_args, model_kwargs)
-        return self._sample_fn(state, model_args, model_kwargs, secret, public)
+        model_args, model_kwargs, secret, clips = self._unpack(model_args, model_kwargs)
+        return self._sample_fn(state, model_args, model_kwargs, secret, clips)
 
     def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
         args, kwargs, _, _ = self._unpack(args, kwargs)

@@ -152,8 +152,6 @@ def dp_hmc(
     num_warmup: int,
     *,
     num_steps: int,
-    grad_clip: float,
-    llr_clip: float,
     noise_multiplier_grad: float,
     noise_multiplier_llr: float,
     sensitivity_factor: float,
@@ -176,9 +174,12 @@ def dp_hmc(
     Returns
     -------
     init_fn(init_params, step_size, inverse_mass_matrix, rng_key) -> DPHMCState
-    sample_fn(state, model_args, model_kwargs, secret) -> DPHMCState
+    sample_fn(state, model_args, model_kwargs, secret, *, grad_clip, llr_clip) -> DPHMCState
         ``secret`` is the run secret (:mod:`numpyro_dp.primitives.secret`): every noise
         draw comes from it; momenta and the accept test use the state's key.
+        ``grad_clip`` (``b_g``) and ``llr_clip`` (``b_l``) are the clips, given
+        at every call (BlackJAX style: the core is built once from its
+        settings, tuned numbers arrive as arguments and may be traced).
     """
     pm = private_model
     dim = pm.num_params
@@ -211,7 +212,8 @@ def dp_hmc(
             rng_key=rng_key,
         )
 
-    def sample_fn(state: DPHMCState, model_args: tuple, model_kwargs: dict, secret) -> DPHMCState:
+    def sample_fn(state: DPHMCState, model_args: tuple, model_kwargs: dict, secret, *,
+                  grad_clip, llr_clip) -> DPHMCState:
         rng_key, key_p, key_grads, key_llr, key_u = random.split(state.rng_key, 5)
         a = state.adapt_state
         inv_mass = a.inverse_mass_matrix
@@ -373,7 +375,6 @@ class DPHMC(MassMatrix, DPKernel):
     private_safe_fields = DPHMCState.published_fields
     default_fields = ("z", "accept_prob", "accepted", "diverging")
     tunable = True
-    traced_parameters = ("grad_clip", "llr_clip")
     #: Momentum variance factor ``a`` (1 for HMC; :class:`~numpyro_dp.DPMALA` sets it).
     proposal_variance_factor = 1.0
 
@@ -531,7 +532,10 @@ class DPHMC(MassMatrix, DPKernel):
         by_grad = 1.0 / (z_grad * unit * self.grad_clip * math.sqrt(steps * trace))
         return min(by_llr, by_grad, MAX_DEFAULT_STEP_SIZE)
 
-    def _core(self, num_warmup: int, public: dict | None = None):
+    def tuned_clips(self) -> dict[str, float | None]:
+        return {"grad_clip": self.grad_clip, "llr_clip": self.llr_clip}
+
+    def _core(self, num_warmup: int):
         if self.grad_clip is None or self.llr_clip is None:
             raise RuntimeError(
                 f"{type(self).__name__} has no grad_clip or llr_clip: state them, or run "
@@ -539,13 +543,10 @@ class DPHMC(MassMatrix, DPKernel):
             )
         z_grad, z_llr = self.noise_multipliers()
         dense, adapt, inv_mass = self._mass()
-        clips = self._parameters(public)
         init_fn, sample_fn = dp_hmc(
             self._private_model,
             num_warmup,
             num_steps=self.num_steps,
-            grad_clip=clips["grad_clip"],
-            llr_clip=clips["llr_clip"],
             noise_multiplier_grad=z_grad,
             noise_multiplier_llr=z_llr,
             sensitivity_factor=self.sensitivity_factor,
@@ -558,8 +559,6 @@ class DPHMC(MassMatrix, DPKernel):
             grad_route=self.grad_route,
             proposal_variance_factor=self.proposal_variance_factor,
         )
-        if public is not None:  # the sampler alone, built while tracing
-            return None, sample_fn
         step_size = self.initial_step_size()
         return (lambda params, key: init_fn(params, step_size, inv_mass, key)), sample_fn
 

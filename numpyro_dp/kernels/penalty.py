@@ -219,7 +219,6 @@ def dp_penalty(
     private_model: PrivateModel,
     num_warmup: int,
     *,
-    llr_clip: float,
     noise_multiplier: float,
     sensitivity_factor: float,
     temperature: float = 1.0,
@@ -236,10 +235,12 @@ def dp_penalty(
     -------
     init_fn(init_params, proposal_scale, covariance, rng_key) -> DPPenaltyState
         ``covariance``: the initial proposal covariance (None: identity).
-    sample_fn(state, model_args, model_kwargs, secret) -> DPPenaltyState
+    sample_fn(state, model_args, model_kwargs, secret, *, llr_clip) -> DPPenaltyState
         ``secret`` is the run secret (:mod:`numpyro_dp.primitives.secret`): the noise and
         the batch come from it, proposals and the accept test from the state's
-        public key.
+        public key.  ``llr_clip`` is the clip, given at every call (BlackJAX
+        style: the core is built once from its settings, tuned numbers arrive
+        as arguments and may be traced).
     """
     pm = private_model
     dim = pm.num_params
@@ -305,7 +306,8 @@ def dp_penalty(
             noise_multiplier=noise_multiplier, sensitivity_factor=sensitivity_factor,
         ), prior_ratio
 
-    def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict, secret):
+    def sample_fn(state: DPPenaltyState, model_args: tuple, model_kwargs: dict, secret, *,
+                  llr_clip):
         rng_key, key_prop, key_noise, key_u, key_batch = random.split(state.rng_key, 5)
         key_noise, key_batch = noise_key(secret, key_noise), noise_key(secret, key_batch)
         theta = pm.ravel(state.z)
@@ -405,7 +407,6 @@ class DPPenalty(MassMatrix, DPKernel):
     private_safe_fields = DPPenaltyState.published_fields
     default_fields = ("z", "accept_prob", "accepted")
     tunable = True
-    traced_parameters = ("llr_clip",)
     #: Rows per test; ``None``: all ``n`` (:class:`DPMinibatchPenalty` sets it).
     batch_size: int | None = None
 
@@ -488,7 +489,10 @@ class DPPenalty(MassMatrix, DPKernel):
         reach = math.sqrt(trace if self.proposal == "random_walk" else largest)
         return min(h / reach, MAX_DEFAULT_SCALE)
 
-    def _core(self, num_warmup: int, public: dict | None = None):
+    def tuned_clips(self) -> dict[str, float | None]:
+        return {"llr_clip": self.llr_clip}
+
+    def _core(self, num_warmup: int):
         if self.llr_clip is None:
             raise RuntimeError(
                 "DPPenalty has no llr_clip: state one, or run it through PrivateMCMC "
@@ -498,7 +502,6 @@ class DPPenalty(MassMatrix, DPKernel):
         init_fn, sample_fn = dp_penalty(
             self._private_model,
             num_warmup,
-            llr_clip=self._parameters(public)["llr_clip"],
             noise_multiplier=self.noise_multiplier,
             sensitivity_factor=self.sensitivity_factor,
             temperature=self.temperature,
@@ -509,8 +512,6 @@ class DPPenalty(MassMatrix, DPKernel):
             target_accept_prob=self.target_accept_prob,
             batch_size=self.batch_size,
         )
-        if public is not None:  # the sampler alone, built while tracing
-            return None, sample_fn
         scale = self.initial_proposal_scale()
         return (lambda params, key: init_fn(params, scale, covariance, key)), sample_fn
 

@@ -26,15 +26,15 @@ class RunInputs(NamedTuple):
 
     All are arguments of the compiled sampler, never constants of it: the rows
     and the secret because JAX's persistent compilation cache would write
-    constants to disk (neither is ever stored in a state); the public values
-    so that a re-run whose privately chosen clips differ runs the same program
-    (:data:`~numpyro_dp.kernels.base.DPKernel.traced_parameters`).  Build them
+    constants to disk (neither is ever stored in a state); the clips so that
+    a re-run whose privately chosen clips differ runs the same program
+    (:meth:`~numpyro_dp.kernels.base.DPKernel.tuned_clips`).  Build them
     with :meth:`~numpyro_dp.kernels.base.DPKernel.run_inputs`.
     """
 
     rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
     secret: jax.Array  # uint32[2], the run secret (numpyro_dp.primitives.secret)
-    public: dict | None = None  # traced_parameters by name (None: the attributes' values)
+    clips: dict  # the kernel's tuned clips by name (public), the core's call arguments
 
 
 def carries_info(info_type: type) -> Callable[[type], type]:
@@ -97,21 +97,23 @@ def init_chains(pm: PrivateModel, init_strategy: Callable, rng_key, init_params,
     return vmap(init_one)(rng_key, init_params)
 
 
-def chain_sampler(step: Callable[[dict | None], Callable], batched: bool) -> Callable:
-    """``sample_fn(state, model_args, model_kwargs, secret, public)`` of one chain or,
+def chain_sampler(one: Callable, batched: bool) -> Callable:
+    """``sample_fn(state, model_args, model_kwargs, secret, clips)`` of one chain or,
     ``batched``, of a batch of chains (:func:`init_chains`).
 
-    ``step(public)`` builds one chain's ``sample_fn(state, model_args,
-    model_kwargs, secret)`` while the sampler is traced, from the run's public
-    values (:data:`~numpyro_dp.kernels.base.DPKernel.traced_parameters`).
+    ``one(state, model_args, model_kwargs, secret, **clips)`` steps one chain;
+    ``clips`` (:attr:`RunInputs.clips`) are the same for every chain.
     """
 
-    def sample_fn(state, model_args, model_kwargs, secret, public):
-        one = step(public)
+    def step(state, model_args, model_kwargs, secret, clips):
+        return one(state, model_args, model_kwargs, secret, **clips)
+
+    def sample_fn(state, model_args, model_kwargs, secret, clips):
         if not batched:
-            return one(state, model_args, model_kwargs, secret)
+            return step(state, model_args, model_kwargs, secret, clips)
         # Chains split over a mesh axis stay on their devices (chains_split).
-        one = vmap(one, in_axes=(0, None, None, None))
-        return chains_split(one(chains_split(state), model_args, model_kwargs, secret))
+        chains = vmap(step, in_axes=(0, None, None, None, None))
+        return chains_split(chains(chains_split(state), model_args, model_kwargs, secret,
+                                   clips))
 
     return sample_fn

@@ -312,7 +312,7 @@ class DPSGLD(_StochasticGradientKernel):
     def _gradient_coefficient(self, eta):
         return 0.5 * eta
 
-    def _core(self, num_warmup: int, public: dict | None = None):
+    def _core(self, num_warmup: int):
         return dp_sgld(self._private_model, step_size=self.step_size,
                        schedule=self.step_schedule, **self._grad_kwargs())
 
@@ -352,7 +352,7 @@ class DPSGHMC(_StochasticGradientKernel):
     def _noise_scale(self, eta):
         return (2.0 * self.friction * eta) ** 0.5
 
-    def _core(self, num_warmup: int, public: dict | None = None):
+    def _core(self, num_warmup: int):
         return dp_sghmc(self._private_model, step_size=self.step_size,
                         schedule=self.step_schedule, num_steps=self.num_steps,
                         friction=self.friction, **self._grad_kwargs())
@@ -391,7 +391,7 @@ class DPSGNHT(_StochasticGradientKernel):
     def _noise_scale(self, eta):
         return (2.0 * self.diffusion * eta) ** 0.5
 
-    def _core(self, num_warmup: int, public: dict | None = None):
+    def _core(self, num_warmup: int):
         return dp_sgnht(self._private_model, step_size=self.step_size,
                         schedule=self.step_schedule, num_steps=self.num_steps,
                         diffusion=self.diffusion, **self._grad_kwargs())

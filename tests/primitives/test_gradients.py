@@ -392,14 +392,14 @@ def test_dp_hmc_routes_agree(x64, name):
     states = {}
     for route in ("linear_predictor", "jacobian"):
         init_fn, sample_fn = dp_hmc(
-            pm, 0, num_steps=2, grad_clip=1.0, llr_clip=1.0, noise_multiplier_grad=2.0,
-            noise_multiplier_llr=2.0, sensitivity_factor=2.0, adapt_step_size=False,
-            adapt_mass_matrix=False, grad_route=route,
+            pm, 0, num_steps=2, noise_multiplier_grad=2.0, noise_multiplier_llr=2.0,
+            sensitivity_factor=2.0, adapt_step_size=False, adapt_mass_matrix=False,
+            grad_route=route,
         )
         state = init_fn(pm.init_params(jax.random.PRNGKey(0), args, kwargs), 0.05, None,
                         jax.random.PRNGKey(1))
         step = functools.partial(sample_fn, model_args=args, model_kwargs=kwargs,
-                                 secret=TEST_SECRET)
+                                 secret=TEST_SECRET, grad_clip=1.0, llr_clip=1.0)
         state = jax.jit(lambda s, step=step: jax.lax.fori_loop(0, 3, lambda i, s: step(s), s))(
             state
         )

@@ -1,5 +1,6 @@
 """Privacy invariants (DEVELOPERS.md): what leaves a kernel, and what is charged."""
 
+import functools
 import json
 
 import arviz as az
@@ -51,13 +52,14 @@ def test_one_step_release_moves_by_at_most_the_sensitivity(data):
     X2 = neighbour(X)
     pm = PrivateModel(logistic_model, (X,), {"y": y})
     llr_clip, temperature = 1.0, 0.7
-    init_fn, sample_fn = dp_penalty(pm, 0, llr_clip=llr_clip, noise_multiplier=1.0,
-                                    sensitivity_factor=2.0, temperature=temperature,
-                                    adapt_step_size=False, adapt_mass_matrix=False)
+    init_fn, sample_fn = dp_penalty(pm, 0, noise_multiplier=1.0, sensitivity_factor=2.0,
+                                    temperature=temperature, adapt_step_size=False,
+                                    adapt_mass_matrix=False)
     keys = jax.random.split(jax.random.PRNGKey(0), 512)
     params = {"w": jax.random.normal(jax.random.PRNGKey(1), (3,))}
     states = jax.vmap(lambda k: init_fn(params, 0.05, None, k))(keys)
-    step = jax.vmap(sample_fn, in_axes=(0, None, None, None))
+    step = jax.vmap(functools.partial(sample_fn, llr_clip=llr_clip),
+                    in_axes=(0, None, None, None))
     a = step(states, (X,), {"y": y}, TEST_SECRET)  # same secret: same noise on both sides
     b = step(states, (X2,), {"y": y}, TEST_SECRET)
     # Where both sides accepted, z is the (shared) proposal, which gives h.
@@ -216,11 +218,10 @@ def test_add_remove_neighbourhood_halves_the_noise(data):
     params = {"w": jnp.zeros(3)}
     outs = []
     for factor in (2.0, 1.0):
-        init_fn, sample_fn = dp_penalty(pm, 0, llr_clip=1.0, noise_multiplier=3.0,
-                                        sensitivity_factor=factor, adapt_step_size=False,
-                                        adapt_mass_matrix=False)
+        init_fn, sample_fn = dp_penalty(pm, 0, noise_multiplier=3.0, sensitivity_factor=factor,
+                                        adapt_step_size=False, adapt_mass_matrix=False)
         state = init_fn(params, 0.01, None, jax.random.PRNGKey(0))
-        outs.append(sample_fn(state, (X,), {"y": y}, TEST_SECRET))
+        outs.append(sample_fn(state, (X,), {"y": y}, TEST_SECRET, llr_clip=1.0))
     add_remove = ndp.DPPenalty(logistic_model, llr_clip=1.0, neighbourhood="add_remove")
     assert add_remove.sensitivity_factor == 1
     assert ndp.DPPenalty(logistic_model, llr_clip=1.0).sensitivity_factor == 2
