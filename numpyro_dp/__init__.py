@@ -3,8 +3,9 @@
 The package in layers (each imports only from the ones above it):
 
 * :mod:`~numpyro_dp.model`: the model adapter (``PrivateModel``);
-* :mod:`~numpyro_dp.primitives`: clipped sums, minibatches, grid releases,
-  the secret noise;
+* :mod:`~numpyro_dp.primitives`: the release gate
+  (:mod:`~numpyro_dp.primitives.release`: every release's grid, sensitivity and
+  noise), clipped sums, minibatches, the secret noise;
 * :mod:`~numpyro_dp.accounting`: events, accountants, calibration, the ledger;
 * :mod:`~numpyro_dp.kernels`: the DP kernels, each declaring its cost as a
   ``DpEvent``;
