@@ -403,3 +403,15 @@ def check_data_free(pm: PrivateModel, split: Callable, example_u: dict) -> tuple
             stacklevel=3,
         )
     return tuple(sorted(safe))
+
+
+def row_leaves(model: Callable, model_args: tuple, model_kwargs: dict,
+               data_plate: str | None) -> tuple[int, ...]:
+    """The flat indices of the argument leaves that hold rows, from the model's
+    structure alone (shapes and public values, the rows abstract): what the runner
+    places on a mesh before :class:`~numpyro_dp.model.adapter.PrivateModel` analyses
+    and validates the model once, on the placed rows."""
+    leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+    trace, _ = find_structure(model, leaves, treedef, data_plate)
+    name, (_, padded_rows) = find_data_plate(trace, data_plate)
+    return find_rows(model_args, model_kwargs, padded_rows, name)

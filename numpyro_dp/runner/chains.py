@@ -22,6 +22,7 @@ from numpyro.util import is_prng_key
 from numpyro_dp.accounting import check_delta_for_rows
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import PrivateModel, tabular_to_numpy
+from numpyro_dp.model.checks import row_leaves
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.numpyro_compat import warmup_state
 from numpyro_dp.primitives.sharding import (
@@ -155,26 +156,35 @@ def check_post_warmup_state(mcmc) -> None:
 
 
 # ----------------------------------------------------------------- devices
-def place(mcmc, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
-    """The run's mesh (:class:`RunMesh`, None for one device), with the rows
-    placed on its data axis (padded by :func:`shard_rows`) if they are not yet.
+def place_rows(mcmc, args: tuple, kwargs: dict, row_layout: RowLayout | None):
+    """``(args, kwargs, row_layout)`` with the rows on the runner's mesh's data axis,
+    padded by :func:`shard_rows`, where it has one and they are not placed yet (the
+    rows found from the model's structure alone, :func:`row_leaves`)."""
+    mesh = None if mcmc.mesh is None else automatic_mesh(mcmc.mesh)
+    if mesh is None or mesh.shape.get(DATA_AXIS, 1) <= 1:
+        return args, kwargs, row_layout
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    index = row_leaves(mcmc.sampler.model, args, kwargs, mcmc.sampler.data_plate)
+    if rows_mesh([leaves[i] for i in index]) is not None:
+        return args, kwargs, row_layout
+    if row_layout is not None:
+        raise ValueError(
+            "row_layout was given for rows that are not on the mesh; pass the "
+            "unpadded rows (PrivateMCMC(mesh=) places and pads them) or the "
+            "arrays that ndp.shard_rows(mesh, ...) returned."
+        )
+    *rows, row_layout = shard_rows(mesh, *(leaves[i] for i in index))
+    for i, row in zip(index, rows, strict=True):
+        leaves[i] = row
+    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    return args, kwargs, row_layout
 
-    Returns ``(args, kwargs, pm, run_mesh)``.
-    """
-    rows = pm.private_inputs(args, kwargs)
+
+def run_mesh(mcmc, rows: tuple) -> RunMesh | None:
+    """The call's mesh (None for one device): where its rows lie, else the runner's, else
+    a chain axis over ``num_chains`` devices for ``chain_method="parallel"``."""
     placed = rows_mesh(rows)
     mesh = None if mcmc.mesh is None else automatic_mesh(mcmc.mesh)
-    if placed is None and mesh is not None and mesh.shape.get(DATA_AXIS, 1) > 1:
-        if row_layout is not None:
-            raise ValueError(
-                "row_layout was given for rows that are not on the mesh; pass the "
-                "unpadded rows (PrivateMCMC(mesh=) places and pads them) or the "
-                "arrays that ndp.shard_rows(mesh, ...) returned."
-            )
-        *rows, row_layout = shard_rows(mesh, *rows)
-        args, kwargs = pm.rebuild(rows)
-        pm = mcmc.sampler.prepare(args, kwargs, row_layout)
-        placed = rows_mesh(rows)
     if placed is not None and mesh not in (None, placed[0]):
         raise ValueError(
             f"The rows lie on a mesh of axes {dict(placed[0].shape)}, not on "
@@ -190,7 +200,7 @@ def place(mcmc, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
         devices = np.asarray(jax.local_devices()[: mcmc.num_chains])
         mesh = automatic_mesh(Mesh(devices, (CHAIN_AXIS,)))
     if mesh is None:
-        return args, kwargs, pm, None
+        return None
     chains = CHAIN_AXIS if mesh.shape.get(CHAIN_AXIS, 1) > 1 else None
     if chains is not None and jax.process_count() > 1:
         raise ValueError(
@@ -204,7 +214,7 @@ def place(mcmc, args: tuple, kwargs: dict, pm, row_layout: RowLayout | None):
             f"{CHAIN_AXIS!r} axis of {mesh.shape[CHAIN_AXIS]} devices: run a multiple "
             f"of {mesh.shape[CHAIN_AXIS]} chains, or make the axis smaller."
         )
-    return args, kwargs, pm, RunMesh(mesh, placed and placed[1], chains)
+    return RunMesh(mesh, placed and placed[1], chains)
 
 
 # ------------------------------------------------------------------ the rows
@@ -230,25 +240,31 @@ class PreparedCall(NamedTuple):
     mesh: RunMesh | None
 
 
-def validated(kernel, args: tuple, kwargs: dict, row_layout: RowLayout | None):
-    """``(args, kwargs, model)``: the arguments converted (tables to arrays, rows on an
-    automatic mesh) and the model and data validated by the kernel, before any charge.
+def converted(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A call's arguments as the kernel takes them: tables as arrays, placed rows on an
+    automatic mesh."""
+    return automatic(tabular_to_numpy((args, kwargs)))
 
-    One preparation for :meth:`PrivateMCMC.run <numpyro_dp.PrivateMCMC.run>` and
+
+def validated(kernel, args: tuple, kwargs: dict, row_layout: RowLayout | None) -> PrivateModel:
+    """The kernel's analysis of the model on :func:`converted` arguments, which validates
+    model and data before any charge: the one preparation of
+    :meth:`PrivateMCMC.run <numpyro_dp.PrivateMCMC.run>` and
     :meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>` (which uses no value of the
     rows)."""
-    args, kwargs = automatic(tabular_to_numpy((args, kwargs)))
     check_layout_given((args, kwargs), row_layout)
-    return args, kwargs, kernel.prepare(args, kwargs, row_layout)
+    return kernel.prepare(args, kwargs, row_layout)
 
 
 def prepare_call(mcmc, args: tuple, kwargs: dict, row_layout: RowLayout | None) -> PreparedCall:
-    """Validate the call's data (:func:`validated`), place the rows (:func:`place`) and
-    check ``delta`` against their number: everything before the charge."""
-    args, kwargs, pm = validated(mcmc.sampler, args, kwargs, row_layout)
-    args, kwargs, pm, run_mesh = place(mcmc, args, kwargs, pm, row_layout)
+    """Convert the call's data, place its rows (:func:`place_rows`), validate them once
+    (:func:`validated`), settle the mesh (:func:`run_mesh`) and check ``delta`` against
+    the rows' number: everything before the charge."""
+    args, kwargs, row_layout = place_rows(mcmc, *converted(args, kwargs), row_layout)
+    pm = validated(mcmc.sampler, args, kwargs, row_layout)
+    rows = pm.private_inputs(args, kwargs)
     check_delta_for_rows(mcmc.delta, pm.num_rows)
-    return PreparedCall(args, kwargs, pm, pm.private_inputs(args, kwargs), run_mesh)
+    return PreparedCall(args, kwargs, pm, rows, run_mesh(mcmc, rows))
 
 
 def make_releases(mcmc, call: PreparedCall, tuning: TuningPlan | None, rng_key, secret,

@@ -318,7 +318,8 @@ def plan_call(mcmc, model_args: tuple, model_kwargs: dict, num_rows: int | None,
     would cost, from public facts only (nothing runs, nothing is charged)."""
     kernel = mcmc.sampler
     if model_args or model_kwargs:
-        num_rows = chains.validated(kernel, model_args, model_kwargs, row_layout)[2].num_rows
+        num_rows = chains.validated(kernel, *chains.converted(model_args, model_kwargs),
+                                    row_layout).num_rows
     if num_rows is not None:
         check_delta_for_rows(mcmc.delta, num_rows)
     iterations, _ = iterations_this_call(mcmc)
