@@ -107,6 +107,7 @@ def _private_safe_groups(
         "epsilon": spent.epsilon,
         "delta": spent.delta,
         "neighbourhood": spent.neighbourhood,
+        "privacy_unit": spent.privacy_unit,
         "accountant": spent.accountant,
         "num_releases": spent.num_releases,
         "noise_multipliers": list(spent.noise_multipliers),
@@ -164,7 +165,7 @@ def to_datatree(mcmc: PrivateMCMC) -> xarray.DataTree:
         collected any, ``sample_stats`` (the noisy acceptance probability and
         other scalar fields the kernel declares safe, under ArviZ's names).
         ``attrs`` of the root and of ``posterior``: the privacy spent
-        (``epsilon``, ``delta``, ``neighbourhood``, ``accountant``,
+        (``epsilon``, ``delta``, ``neighbourhood``, ``privacy_unit``, ``accountant``,
         ``num_releases``, ``noise_multipliers`` and the whole ledger as JSON in
         ``privacy_ledger``) and ``reproducible_noise`` (1 if any charged run
         drew its noise from the test-only reproducible source, which makes the
@@ -204,7 +205,7 @@ def to_inference_data(mcmc: PrivateMCMC) -> az.InferenceData | xarray.DataTree:
         ``posterior``: the constrained draws (and data-free deterministic
         sites); ``sample_stats``: the noisy acceptance probability and other
         collected scalar fields that the kernel declares safe; ``attrs``: the
-        privacy spent (``epsilon``, ``delta``, ``neighbourhood``,
+        privacy spent (``epsilon``, ``delta``, ``neighbourhood``, ``privacy_unit``,
         ``accountant``, ``num_releases``, ``noise_multipliers`` and the whole
         ledger as JSON in ``privacy_ledger``) and ``reproducible_noise`` (1 if
         any charged run drew its noise from the test-only reproducible source,

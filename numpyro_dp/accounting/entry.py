@@ -17,6 +17,7 @@ import dp_accounting as dpa
 
 from numpyro_dp.accounting.events import count_releases, noise_multipliers
 from numpyro_dp.accounting.rdp import BarkerDpEvent
+from numpyro_dp.model.units import ROW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class LedgerEntry:
     chain_event: dpa.DpEvent | None = None
     reproducible_noise: bool = False
     label: str = ""
+    privacy_unit: str = ROW
 
     @property
     def event(self) -> dpa.DpEvent:
@@ -56,6 +58,7 @@ class LedgerEntry:
             "per_iteration_event": repr(self.per_iteration),
             "reproducible_noise": self.reproducible_noise,
             "label": self.label,
+            "privacy_unit": self.privacy_unit,
         }
 
 

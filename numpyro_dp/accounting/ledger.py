@@ -75,6 +75,7 @@ from numpyro_dp.accounting.ledger_file import (
     utc_now,
 )
 from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
+from numpyro_dp.model.units import ROW, common_unit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +85,10 @@ class PrivacySpent:
     Attributes
     ----------
     epsilon, delta : float
-        The run is (epsilon, delta)-DP with respect to every row (epsilon
-        rounded up).
+        The run is (epsilon, delta)-DP with respect to every privacy unit
+        (epsilon rounded up).
     neighbourhood : str
-        ``"substitute"`` or ``"add_remove"``.
+        ``"substitute"`` or ``"add_remove"``: of one privacy unit.
     num_releases : int
         Number of Gaussian-mechanism releases composed.
     noise_multipliers : tuple of float
@@ -97,6 +98,10 @@ class PrivacySpent:
         (see :func:`~numpyro_dp.accounting.choose_accountant`).
     ledger : tuple of LedgerEntry
         Every charged call, in order.
+    privacy_unit : str
+        What the guarantee protects: ``"row"`` (one row), or ``"unit:"`` and a
+        fingerprint of the units when every entry was charged for the same units
+        (``PrivateMCMC.run(..., privacy_unit=ids)``: one unit with all its rows).
     """
 
     epsilon: float
@@ -106,6 +111,7 @@ class PrivacySpent:
     noise_multipliers: tuple[float, ...]
     accountant: str
     ledger: tuple[LedgerEntry, ...] = ()
+    privacy_unit: str = ROW
 
     def to_dict(self) -> dict:
         return {
@@ -115,6 +121,7 @@ class PrivacySpent:
             "num_releases": self.num_releases,
             "noise_multipliers": list(self.noise_multipliers),
             "accountant": self.accountant,
+            "privacy_unit": self.privacy_unit,
             "ledger": [e.to_dict() for e in self.ledger],
         }
 
@@ -124,8 +131,9 @@ class PrivacySpent:
     def __str__(self) -> str:
         zs = ", ".join(f"{z:.4g}" for z in self.noise_multipliers) or "none"
         lines = [
-            f"({self.epsilon:.4g}, {self.delta:.3g})-DP, {self.neighbourhood} "
-            f"neighbourhood, {self.accountant} accountant",
+            f"({self.epsilon:.4g}, {self.delta:.3g})-DP per "
+            f"{'row' if self.privacy_unit == ROW else 'unit (all its rows)'}, "
+            f"{self.neighbourhood} neighbourhood, {self.accountant} accountant",
             f"  {self.num_releases} releases, noise multiplier(s) {zs}",
         ]
         for e in self.ledger:
@@ -334,6 +342,9 @@ class PrivacyLedger:
             noise_multipliers=noise_multipliers(ev),
             accountant=choose_accountant(ev, self.accountant, self.neighbourhood).accountant,
             ledger=tuple(entries),
+            # Notes release nothing: they protect whatever the releases do.
+            privacy_unit=common_unit(e.privacy_unit for e in entries
+                                     if count_releases(e.event) > 0),
         )
 
     def __getstate__(self) -> dict:

@@ -32,7 +32,7 @@ FORMAT, VERSION = "numpyro-dp-ledger", 2
 _HEADER_KEYS = {"format", "version", "id", "key_id", "delta", "neighbourhood", "accountant",
                 "epsilon", "created"}
 _ENTRY_KEYS = {"id", "time", "kernel", "phase", "num_chains", "num_iterations", "per_iteration",
-               "chain_event", "reproducible_noise", "label"}
+               "chain_event", "reproducible_noise", "label", "privacy_unit"}
 _GENESIS = "0" * 64  # the "prev" of the header
 
 
@@ -42,7 +42,7 @@ class LedgerCorruptedError(ValueError):
 
 def entry_record(entry: LedgerEntry) -> dict:
     """The fields of ``entry``'s line in a ledger file, with a new id and time."""
-    for name in ("kernel", "phase", "label"):
+    for name in ("kernel", "phase", "label", "privacy_unit"):
         if not isinstance(getattr(entry, name), str):
             raise ValueError(f"LedgerEntry.{name} must be a string to be stored")
     return {
@@ -56,6 +56,7 @@ def entry_record(entry: LedgerEntry) -> dict:
         "chain_event": None if entry.chain_event is None else event_to_json(entry.chain_event),
         "reproducible_noise": bool(entry.reproducible_noise),
         "label": entry.label,
+        "privacy_unit": entry.privacy_unit,
     }
 
 
@@ -64,7 +65,8 @@ def entry_from_record(record: dict) -> LedgerEntry:
     if set(record) != _ENTRY_KEYS:
         raise ValueError(f"an entry with fields {sorted(record)}")
     kinds = {"id": str, "time": str, "kernel": str, "phase": str, "num_chains": int,
-             "num_iterations": int, "reproducible_noise": bool, "label": str}
+             "num_iterations": int, "reproducible_noise": bool, "label": str,
+             "privacy_unit": str}
     for name, kind in kinds.items():
         if type(record[name]) is not kind:
             raise ValueError(f"{name}={record[name]!r} is not a {kind.__name__}")
@@ -73,7 +75,7 @@ def entry_from_record(record: dict) -> LedgerEntry:
         record["kernel"], record["phase"], record["num_chains"], record["num_iterations"],
         event_from_json(record["per_iteration"]),
         None if chain is None else event_from_json(chain),
-        record["reproducible_noise"], record["label"],
+        record["reproducible_noise"], record["label"], record["privacy_unit"],
     )
 
 

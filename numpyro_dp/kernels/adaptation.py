@@ -163,8 +163,9 @@ class MassMatrix:
         return initial_mass(self.inverse_mass_matrix, self.dense_mass, self.adapt_mass_matrix,
                             self._preconditioner, pm.num_params, free)
 
-    def prepare(self, model_args: tuple, model_kwargs: dict, row_layout=None):
-        pm = super().prepare(model_args, model_kwargs, row_layout)
+    def prepare(self, model_args: tuple, model_kwargs: dict, row_layout=None,
+                privacy_unit=None):
+        pm = super().prepare(model_args, model_kwargs, row_layout, privacy_unit)
         if self.inverse_mass_matrix is not None:
             self._mass()  # a stated matrix's shape is checked before any charge
         return pm

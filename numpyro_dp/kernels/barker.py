@@ -367,7 +367,15 @@ class DPBarker(DPKernel):
         )
 
     def prepare(self, model_args: tuple, model_kwargs: dict,
-                row_layout: RowLayout | None = None) -> PrivateModel:
+                row_layout: RowLayout | None = None, privacy_unit=None) -> PrivateModel:
+        if privacy_unit is not None:
+            raise ValueError(
+                "DPBarker does not accept privacy_unit: its Barker test's correction "
+                "assumes the batch's log-likelihood ratios are independent rows, and a "
+                "unit's rows are not. For a guarantee per unit use DPPenalty, "
+                "DPMinibatchPenalty, DPHMC, DPMALA, DPSGLD, DPSGHMC, DPSGNHT or "
+                "NoiseAwareNUTS (each samples or clips whole units)."
+            )
         pm = super().prepare(model_args, model_kwargs, row_layout)
         check_batch_size(pm.num_rows, self.batch_size)
         if self.n0 > pm.num_rows:

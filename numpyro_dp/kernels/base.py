@@ -138,11 +138,13 @@ class DPKernel(MCMCKernel):
         return sensitivity_factor(self.neighbourhood)
 
     def prepare(self, model_args: tuple, model_kwargs: dict,
-                row_layout: RowLayout | None = None) -> PrivateModel:
+                row_layout: RowLayout | None = None, privacy_unit=None) -> PrivateModel:
         """Analyse and validate the model and data (raises on bad input);
-        ``row_layout`` says which rows of padded arrays are real (:func:`ndp.shard_rows`)."""
+        ``row_layout`` says which rows of padded arrays are real (:func:`ndp.shard_rows`),
+        ``privacy_unit`` each row's unit (:class:`~numpyro_dp.model.units.Units`)."""
         self._private_model = PrivateModel(self._model, model_args, model_kwargs,
-                                           data_plate=self.data_plate, row_layout=row_layout)
+                                           data_plate=self.data_plate, row_layout=row_layout,
+                                           privacy_unit=privacy_unit)
         self._sample_fn = None
         return self._private_model
 

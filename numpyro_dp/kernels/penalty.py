@@ -563,11 +563,12 @@ class DPMinibatchPenalty(DPPenalty):
         self.batch_size = batch_size
 
     def prepare(self, model_args: tuple, model_kwargs: dict,
-                row_layout: RowLayout | None = None) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs, row_layout)
+                row_layout: RowLayout | None = None, privacy_unit=None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout, privacy_unit)
         if self.batch_size > pm.num_rows:
             raise ValueError(
-                f"batch_size={self.batch_size} exceeds the number of rows n={pm.num_rows}; "
+                f"batch_size={self.batch_size} exceeds the number of "
+                f"{'units' if pm.units else 'rows'} n={pm.num_rows}; "
                 "choose batch_size <= n, or DPPenalty for the full data."
             )
         return pm

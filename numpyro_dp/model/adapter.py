@@ -45,6 +45,16 @@ holds one.
 
 Bad models are rejected with an error that names the problem and the fix,
 before any private value is computed (:mod:`~numpyro_dp.model.checks`).
+
+Privacy units
+-------------
+With ``privacy_unit=ids`` (:class:`~numpyro_dp.model.units.Units`)
+a *unit* plays the part of a row everywhere after the checks: ``num_rows`` is
+the number of units, the private inputs are the unit blocks
+(:meth:`Units.block <numpyro_dp.model.units.Units.block>`) and their mask, and
+a unit's log-likelihood is the sum of its rows' ``l_i``, each row still run
+alone.  Every route (gradients, log-likelihood ratios, curvature, minibatches,
+sharding) then clips and samples units with no change of its own.
 """
 
 from __future__ import annotations
@@ -78,6 +88,11 @@ from numpyro_dp.model.dataflow import inputs_read
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.model.log_density import LogDensityTerms, constrained_trace, split_log_density
 from numpyro_dp.model.tracing import quietly, replace_leaves, shape_dtype, structure_trace
+from numpyro_dp.model.units import Units
+
+#: The keyword under which :meth:`PrivateModel.rebuild` carries the units' mask
+#: (never passed to the model).
+UNIT_MASK = "__numpyro_dp_unit_mask__"
 
 
 class ObservedSite(NamedTuple):
@@ -137,12 +152,17 @@ class PrivateModel:
         Where the real rows of padded arrays lie
         (:func:`numpyro_dp.primitives.sharding.shard_rows`): padded rows
         contribute exactly zero to :meth:`log_density_terms` and to every
-        clipped sum, and are not counted in ``num_rows``.
+        clipped sum, and are not counted in ``num_rows``.  With ``units``, the
+        padding of the unit blocks is set by :meth:`with_layout`.
+    privacy_unit : array, optional
+        One unit id per row (:class:`~numpyro_dp.model.units.Units`): each unit
+        then plays the part of a row (module docstring).
 
     Attributes
     ----------
     num_rows : int
-        The public number of rows ``n`` (real rows: padding excluded).
+        The public number of rows ``n`` (real rows: padding excluded), or of
+        units with ``units``.
     padded_rows : int
         The rows of the arrays (``n`` unless padded by ``row_layout``).
     latent_sites : tuple of str
@@ -160,8 +180,10 @@ class PrivateModel:
         model_kwargs: dict | None = None,
         data_plate: str | None = None,
         row_layout: RowLayout | None = None,
+        privacy_unit=None,
     ):
         self.model = model
+        self.units = None  # rows are the units until the checks have run (below)
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         leaves, self._treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
         trace, shapes = find_structure(model, leaves, self._treedef, data_plate)
@@ -208,6 +230,33 @@ class PrivateModel:
         check_single_row(self, self._split)
         # Last of all: the one check that reads the rows' values (module docstring).
         check_finite(self._row_leaf_index, [leaves[i] for i in self._row_leaf_index])
+        #: The row arrays' own shapes and dtypes (the model's view of them).
+        self._model_row_specs = self.row_specs
+        if privacy_unit is not None:
+            units = Units.from_ids(privacy_unit, self.padded_rows)
+            if row_layout is not None:
+                raise ValueError(
+                    "privacy_unit with rows already placed on a mesh: pass the rows "
+                    "unplaced (PrivateMCMC(mesh=...) places whole units on the mesh)."
+                )
+            m = units.max_rows
+            self.row_specs = [jax.ShapeDtypeStruct((units.num_units, m) + s.shape[1:], s.dtype)
+                              for s in self.row_specs]
+            self.row_specs.append(jax.ShapeDtypeStruct((units.num_units, m), np.dtype(bool)))
+            self.padded_rows = self.num_rows = units.num_units
+            self.units = units
+
+    def with_layout(self, row_layout: RowLayout) -> PrivateModel:
+        """This model with its unit blocks padded and placed as ``row_layout`` says (units
+        are placed after the model is analysed: ``ndp.shard_rows`` of
+        :meth:`private_inputs`)."""
+        if self.units is None or row_layout.num_rows != self.units.num_units:
+            raise ValueError("with_layout places unit blocks: give a layout of the units")
+        self.layout = row_layout
+        self.padded_rows = row_layout.padded_rows
+        self.row_specs = [jax.ShapeDtypeStruct((row_layout.padded_rows,) + s.shape[1:],
+                                               s.dtype) for s in self.row_specs]
+        return self
 
     # ------------------------------------------------------------- inputs
     def row_mask(self) -> jax.Array | None:
@@ -219,14 +268,51 @@ class PrivateModel:
         return idx if self.layout is None else self.layout.positions(idx)
 
     def private_inputs(self, model_args: tuple, model_kwargs: dict) -> tuple:
-        """The row arrays of ``(model_args, model_kwargs)``: what a compiled sampler takes."""
-        leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
-        return tuple(jnp.asarray(leaves[i]) for i in self._row_leaf_index)
+        """The row arrays of ``(model_args, model_kwargs)``: what a compiled sampler takes.
+
+        With units: the unit blocks and their mask, from the call's arguments (the
+        rows as the user gave them) or from arguments :meth:`rebuild` made.
+        """
+        if self.units is not None and UNIT_MASK not in model_kwargs:
+            leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
+            rows = self.units.block([leaves[i] for i in self._row_leaf_index])
+            return tuple(jnp.asarray(x) for x in rows) + (jnp.asarray(self.units.mask()),)
+        leaves, _, mask = self._leaves(model_args, model_kwargs)
+        rows = tuple(jnp.asarray(leaves[i]) for i in self._row_leaf_index)
+        return rows if mask is None else rows + (jnp.asarray(mask),)
 
     def rebuild(self, rows) -> tuple[tuple, dict]:
         """``(model_args, model_kwargs)`` from :meth:`private_inputs` (possibly traced)
         and the public arguments given at construction."""
+        if self.units is None:
+            return self._with_rows(self._public_leaves, self._treedef, rows)
+        args, kwargs = self._with_rows(self._public_leaves, self._treedef, rows[:-1])
+        return args, {**kwargs, UNIT_MASK: rows[-1]}
+
+    def _leaves(self, model_args: tuple, model_kwargs: dict):
+        """``(leaves, treedef, unit mask or None)`` of the model's arguments."""
+        mask = model_kwargs.get(UNIT_MASK)
+        if mask is not None:
+            model_kwargs = {k: v for k, v in model_kwargs.items() if k != UNIT_MASK}
+        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        return leaves, treedef, mask
+
+    def stand_in_arguments(self, num_rows: int = 1) -> tuple[tuple, dict]:
+        """The public arguments with ``num_rows`` zero rows in place of each row array
+        (as the model takes them: rows, never unit blocks)."""
+        rows = [np.zeros((num_rows,) + tuple(s.shape[1:]), s.dtype)
+                for s in self._model_row_specs]
         return self._with_rows(self._public_leaves, self._treedef, rows)
+
+    def _model_arguments(self, model_args: tuple, model_kwargs: dict) -> tuple[tuple, dict]:
+        """Arguments to run the whole model on for its data-free parts (the prior, the
+        deterministic sites): the rows as given, or with units zero stand-ins of the
+        rows' shapes (the model never sees unit blocks; n stays the rows' number)."""
+        if self.units is None:
+            return model_args, model_kwargs
+        leaves, treedef, _ = self._leaves(model_args, model_kwargs)
+        zeros = [jnp.zeros(s.shape, s.dtype) for s in self._model_row_specs]
+        return self._with_rows(leaves, treedef, zeros)
 
     @functools.cached_property
     def likelihood_coordinates(self) -> np.ndarray:
@@ -240,8 +326,7 @@ class PrivateModel:
         from the rows: its score and curvature are zero by construction, and a
         release need not carry noise along it.
         """
-        rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in self.row_specs]
-        args, kwargs = self.rebuild(rows)
+        args, kwargs = self.stand_in_arguments()
 
         def loglik(params):
             return jnp.sum(self._split(params, args, kwargs)[1])
@@ -277,16 +362,30 @@ class PrivateModel:
         differentiate.  With ``expected``, a function whose Hessian at
         ``theta`` is the row's expected one
         (:func:`~numpyro_dp.model.log_density.expected_log_prob`): for curvature
-        only, its gradient is not the row's.
+        only, its gradient is not the row's.  With units, ``row`` is one unit's
+        block and mask, and ``loglik`` the sum of its rows' (:meth:`_unit_sum`).
         """
-        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        leaves, treedef, mask = self._leaves(model_args, model_kwargs)
         rows = [leaves[i] for i in self._row_leaf_index]
 
         def loglik(theta, row):
             args, kwargs = self._with_rows(leaves, treedef, [x[None] for x in row])
             return self._split(self.unravel(theta), args, kwargs, expected)[1][0]
 
-        return loglik, rows
+        if mask is None:
+            return loglik, rows
+        return self._unit_sum(loglik), rows + [mask]
+
+    @staticmethod
+    def _unit_sum(row_fn: Callable) -> Callable:
+        """``fn(theta, unit)``: the sum of ``row_fn(theta, row)`` over a unit block's real
+        rows (each row run alone; the padding's terms are exactly 0, by ``where``)."""
+        def unit_fn(theta, unit):
+            *block, mask = unit
+            values = jax.vmap(lambda row: row_fn(theta, row))(block)
+            return jnp.sum(jnp.where(mask, values, 0.0))
+
+        return unit_fn
 
     # ------------------------------------------------------------- evaluation
     def _with_rows(self, leaves, treedef, row_leaves):
@@ -321,26 +420,30 @@ class PrivateModel:
         LogDensityTerms
             Private values: clip and noise them before anything leaves a kernel.
         """
-        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
+        leaves, treedef, unit_mask = self._leaves(model_args, model_kwargs)
         row_leaves = [jnp.asarray(leaves[i]) for i in self._row_leaf_index]
+        if unit_mask is not None:
+            row_leaves.append(jnp.asarray(unit_mask))
         if idx is not None:
             positions = self.positions(idx)
         if positions is not None:
             row_leaves = [x[positions] for x in row_leaves]
 
-        def one_row(row):
+        def one_row(_, row):
             # The model sees this row alone, so l_i cannot read another row (a
             # model that, say, standardises X inside would otherwise make every
             # l_i depend on every row, and clipping l_i would bound nothing).
             args, kwargs = self._with_rows(leaves, treedef, [x[None] for x in row])
             return self._split(params, args, kwargs)[1][0]
 
-        rows = jax.vmap(one_row)(row_leaves)
+        fn = one_row if unit_mask is None else self._unit_sum(one_row)
+        rows = jax.vmap(lambda row: fn(None, row))(row_leaves)
         mask = self.row_mask() if positions is None else None
         if mask is not None:  # padding: exactly 0, whatever the model makes of a zero row
             rows = jnp.where(mask, rows, 0.0)
         # The prior is data-free (proved at setup) but may use the public n.
-        return LogDensityTerms(self._split(params, model_args, model_kwargs)[0], rows)
+        prior = self._split(params, *self._model_arguments(model_args, model_kwargs))[0]
+        return LogDensityTerms(prior, rows)
 
     # ---------------------------------------------------------- init & output
     def init_params(
@@ -358,6 +461,7 @@ class PrivateModel:
         stand-ins of the rows of ``model_args`` and ``model_kwargs``: nothing
         it does here, a NumPyro check or a warning, can depend on their values.
         """
+        model_args, model_kwargs = self._model_arguments(model_args, model_kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
         # zeros_like: on the devices the rows lie on (they may fill a mesh).
         zeros = [jnp.zeros_like(leaves[i]) for i in self._row_leaf_index]
@@ -378,7 +482,8 @@ class PrivateModel:
 
     def constrain(self, params: dict, model_args: tuple, model_kwargs: dict) -> dict:
         """Constrained latent values plus the data-free deterministic sites."""
-        tr, _ = constrained_trace(self.model, params, model_args, model_kwargs)
+        tr, _ = constrained_trace(self.model, params,
+                                  *self._model_arguments(model_args, model_kwargs))
         keep = set(self.latent_sites) | set(self._deterministic)
         return {n: s["value"] for n, s in tr.items() if n in keep}
 

@@ -42,7 +42,6 @@ from numpyro_dp.releases.score_release import (
     MAX_MODEL_DISTANCE,
     ScoreRelease,
     positive_sites,
-    stand_in_arguments,
 )
 
 #: Default share of epsilon of the runner's warm start, where the Newton stages start.
@@ -224,8 +223,8 @@ class NoiseAwareNUTS(DPKernel):
         self._nuts = None
 
     def prepare(self, model_args: tuple, model_kwargs: dict,
-                row_layout: RowLayout | None = None) -> PrivateModel:
-        pm = super().prepare(model_args, model_kwargs, row_layout)
+                row_layout: RowLayout | None = None, privacy_unit=None) -> PrivateModel:
+        pm = super().prepare(model_args, model_kwargs, row_layout, privacy_unit)
         if self.release is not None and dict(self.release.param_shapes) != pm.param_shapes:
             raise ValueError(
                 f"The release was made for parameters {self.release.param_shapes}, not this "
@@ -296,7 +295,7 @@ class NoiseAwareNUTS(DPKernel):
         if tuning is not None and tuning.start is not None:
             start, covariance = pm.ravel(tuning.start), tuning.covariance
         else:
-            args, kwargs = stand_in_arguments(pm)
+            args, kwargs = pm.stand_in_arguments()
             start = pm.ravel(pm.init_params(key_init, args, kwargs, self._init_strategy))
         release = release_score(
             pm, start=start, covariance=covariance,

@@ -47,6 +47,7 @@ from jax import random
 
 from numpyro_dp.accounting import sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.units import ROW
 from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.compiled import jit_once
 from numpyro_dp.primitives.release import release_clipped_sum
@@ -59,7 +60,6 @@ from numpyro_dp.releases.score_release import (
     curvature_margin,
     curvature_noise_covariance,
     psd,
-    stand_in_arguments,
 )
 from numpyro_dp.runner.clip_selection import (
     SCALE_GRID,
@@ -183,7 +183,7 @@ def release_score(
             break
         theta, whiten = _newton_step(theta, whiten, g, curvature, float(h_sd), prior_grad,
                                      prior_hess)
-    args, kwargs = stand_in_arguments(pm)
+    args, kwargs = pm.stand_in_arguments()
     score, score_covariance, combined = combine_scores(stages_made)
     return ScoreRelease(
         anchor=np.asarray(theta, float), whiten=np.asarray(whiten, float), score=score,
@@ -193,6 +193,7 @@ def release_score(
         clipped_share=min(1.0, rows_above(counts[0], clip) / pm.num_rows),
         num_rows=pm.num_rows, neighbourhood=neighbourhood, param_shapes=dict(pm.param_shapes),
         data_plate=pm.data_plate, model_args=args, model_kwargs=kwargs,
+        privacy_unit=ROW if pm.units is None else pm.units.label,
     )
 
 

@@ -9,7 +9,7 @@ log-likelihood (:meth:`ScoreRelease.log_likelihood`), which
 :class:`~numpyro_dp.NoiseAwareNUTS` samples (:mod:`~numpyro_dp.releases.noise_aware`),
 and its files (:meth:`ScoreRelease.save`, :meth:`ScoreRelease.load`).  The model's
 public arguments it runs the surrogate on are stand-ins for the rows
-(:func:`stand_in_arguments`).
+(:meth:`~numpyro_dp.model.adapter.PrivateModel.stand_in_arguments`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions import biject_to, constraints
 
-from numpyro_dp.model.adapter import PrivateModel
+from numpyro_dp.model.units import ROW
 from numpyro_dp.runner.warm_start import spectral_noise
 
 #: The quadratic model of the log-likelihood around the anchor is trusted only
@@ -40,7 +40,7 @@ MAX_ANCHOR_DISTANCE = 3.0
 #: in 4 of 5 runs with the anchor 43-194 sds off; within 2.3 in all 7 at 18-35).
 MAX_MODEL_DISTANCE = 30.0
 #: Version of the file format of :meth:`ScoreRelease.save`.
-FORMAT = 2
+FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +85,12 @@ class ScoreRelease:
         of bins above).  Clipping bias is the one error the surrogate does not
         model.
     num_rows : int
-        ``n`` (public).
+        ``n`` (public): the number of rows, or of units with ``privacy_unit``.
     neighbourhood : str
         The neighbourhood the release is private under.
+    privacy_unit : str
+        What it protects: ``"row"``, or ``"unit:..."`` (one unit with all its rows,
+        :class:`~numpyro_dp.model.units.Units`), as the ledger records it.
     param_shapes : dict
         Unconstrained shape of each latent site (public structure).
     data_plate : str
@@ -114,6 +117,7 @@ class ScoreRelease:
     data_plate: str
     model_args: tuple
     model_kwargs: dict
+    privacy_unit: str = ROW
 
     @property
     def num_params(self) -> int:
@@ -204,11 +208,13 @@ class ScoreRelease:
     def __str__(self) -> str:
         return (
             f"ScoreRelease of {self.num_params} parameters ({self.num_released} read by the "
-            f"likelihood) from n = {self.num_rows} rows "
+            f"likelihood) from n = {self.num_rows} "
+            f"{'rows' if self.privacy_unit == ROW else 'units'} "
             f"({self.neighbourhood}): score noise sd {self.score_sd:.3g}, curvature noise sd "
             f"{self.curvature_sd:.3g} (whitened units; {self.stages_combined} stages' scores "
             f"combined); clips {self.clip:.3g} and "
-            f"{self.curvature_clip:.3g}, cutting about {self.clipped_share:.1%} of rows; "
+            f"{self.curvature_clip:.3g}, cutting about {self.clipped_share:.1%} of "
+            f"{'rows' if self.privacy_unit == ROW else 'units'}; "
             f"the anchor lies {self.anchor_distance():.2g} posterior sds from the release's mode"
         )
 
@@ -226,7 +232,7 @@ class ScoreRelease:
         np.savez(path / "release.npz", **arrays)
         facts = {k: getattr(self, k) for k in (
             "score_sd", "curvature_sd", "stages_combined", "clip", "curvature_clip",
-            "clipped_share", "num_rows", "neighbourhood", "data_plate")}
+            "clipped_share", "num_rows", "neighbourhood", "data_plate", "privacy_unit")}
         facts["param_shapes"] = {k: list(v) for k, v in self.param_shapes.items()}
         facts["format"] = FORMAT
         (path / "release.json").write_text(json.dumps(facts, indent=1))
@@ -260,12 +266,6 @@ def psd(matrix: np.ndarray) -> np.ndarray:
     """``matrix`` (symmetric) with its negative eigenvalues raised to 0."""
     w, vectors = np.linalg.eigh(np.asarray(matrix, float))
     return (vectors * np.maximum(w, 0.0)) @ vectors.T
-
-
-def stand_in_arguments(pm: PrivateModel) -> tuple[tuple, dict]:
-    """The model's public arguments with one zero row in place of each row array."""
-    rows = [np.zeros((1,) + tuple(s.shape[1:]), s.dtype) for s in pm.row_specs]
-    return pm.rebuild(rows)
 
 
 def positive_sites(model, model_args: tuple, model_kwargs: dict, names) -> list[str]:

@@ -35,6 +35,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.accountants import GaussianAccountant
 from numpyro_dp.accounting.entry import LedgerEntry
+from numpyro_dp.model.units import ROW
 from numpyro_dp.runner.tuning import WARM_START_SHARE, TuningPlan, plan_tuning
 from numpyro_dp.runner.warm_start import WARM_START_STAGES
 
@@ -290,28 +291,31 @@ def tuning_plan(kernel, epsilon: float | None, delta: float, *, share: float,
     )
 
 
-def once_entries(kernel_name: str, entries, reproducible_noise: bool) -> list[LedgerEntry]:
+def once_entries(kernel_name: str, entries, reproducible_noise: bool,
+                 privacy_unit: str = ROW) -> list[LedgerEntry]:
     """Ledger entries of releases made once per call: ``(phase, event, releases)``."""
     return [LedgerEntry(kernel_name, phase, 1, releases, event,
-                        reproducible_noise=reproducible_noise)
+                        reproducible_noise=reproducible_noise, privacy_unit=privacy_unit)
             for phase, event, releases in entries]
 
 
-def tuning_entries(kernel, tuning: TuningPlan | None,
-                   reproducible_noise: bool) -> tuple[LedgerEntry, ...]:
+def tuning_entries(kernel, tuning: TuningPlan | None, reproducible_noise: bool,
+                   privacy_unit: str = ROW) -> tuple[LedgerEntry, ...]:
     """Ledger entries of the tuning releases (none without a tuning plan)."""
     entries = [] if tuning is None else tuning.entries()
-    return tuple(once_entries(type(kernel).__name__, entries, reproducible_noise))
+    return tuple(once_entries(type(kernel).__name__, entries, reproducible_noise,
+                              privacy_unit))
 
 
 def call_entries(kernel, tuning: TuningPlan | None, z, *, num_chains: int, iterations: int,
-                 phase: str, start: int, reproducible_noise: bool):
+                 phase: str, start: int, reproducible_noise: bool, privacy_unit: str = ROW):
     """``(pending, entry)``: the ledger entries a call charges at noise ``z``, the
-    releases made once (tuning, then the kernel's own) and its chains' iterations."""
+    releases made once (tuning, then the kernel's own) and its chains' iterations;
+    ``privacy_unit`` is what they protect (a row, or the call's units)."""
     name = type(kernel).__name__
-    pending = [*tuning_entries(kernel, tuning, reproducible_noise)]
-    pending += once_entries(name, kernel.release_entries(z), reproducible_noise)
+    pending = [*tuning_entries(kernel, tuning, reproducible_noise, privacy_unit)]
+    pending += once_entries(name, kernel.release_entries(z), reproducible_noise, privacy_unit)
     entry = LedgerEntry(name, phase, num_chains, iterations, kernel.per_iteration_event(z),
                         kernel.run_event(iterations, start, z),
-                        reproducible_noise=reproducible_noise)
+                        reproducible_noise=reproducible_noise, privacy_unit=privacy_unit)
     return pending, entry

@@ -246,25 +246,46 @@ def converted(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return automatic(tabular_to_numpy((args, kwargs)))
 
 
-def validated(kernel, args: tuple, kwargs: dict, row_layout: RowLayout | None) -> PrivateModel:
+def validated(kernel, args: tuple, kwargs: dict, row_layout: RowLayout | None,
+              privacy_unit=None) -> PrivateModel:
     """The kernel's analysis of the model on :func:`converted` arguments, which validates
     model and data before any charge: the one preparation of
     :meth:`PrivateMCMC.run <numpyro_dp.PrivateMCMC.run>` and
     :meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>` (which uses no value of the
     rows)."""
     check_layout_given((args, kwargs), row_layout)
-    return kernel.prepare(args, kwargs, row_layout)
+    if privacy_unit is not None:
+        privacy_unit = np.asarray(tabular_to_numpy(privacy_unit))
+    return kernel.prepare(args, kwargs, row_layout, privacy_unit)
 
 
-def prepare_call(mcmc, args: tuple, kwargs: dict, row_layout: RowLayout | None) -> PreparedCall:
-    """Convert the call's data, place its rows (:func:`place_rows`), validate them once
+def prepare_call(mcmc, args: tuple, kwargs: dict, row_layout: RowLayout | None,
+                 privacy_unit=None) -> PreparedCall:
+    """Convert the call's data, place its rows (:func:`place_rows`; with
+    ``privacy_unit``, its unit blocks: :func:`place_units`), validate them once
     (:func:`validated`), settle the mesh (:func:`run_mesh`) and check ``delta`` against
-    the rows' number: everything before the charge."""
-    args, kwargs, row_layout = place_rows(mcmc, *converted(args, kwargs), row_layout)
-    pm = validated(mcmc.sampler, args, kwargs, row_layout)
+    the rows' (units') number: everything before the charge."""
+    args, kwargs = converted(args, kwargs)
+    if privacy_unit is None:
+        args, kwargs, row_layout = place_rows(mcmc, args, kwargs, row_layout)
+    pm = validated(mcmc.sampler, args, kwargs, row_layout, privacy_unit)
     rows = pm.private_inputs(args, kwargs)
+    if privacy_unit is not None:
+        rows = place_units(mcmc, pm, rows)
     check_delta_for_rows(mcmc.delta, pm.num_rows)
     return PreparedCall(args, kwargs, pm, rows, run_mesh(mcmc, rows))
+
+
+def place_units(mcmc, pm: PrivateModel, rows: tuple) -> tuple:
+    """The unit blocks (:meth:`PrivateModel.private_inputs`) on the runner's mesh's data
+    axis, where it has one: :func:`shard_rows` of the blocks, so a unit's rows never
+    straddle devices and its total needs no communication."""
+    mesh = None if mcmc.mesh is None else automatic_mesh(mcmc.mesh)
+    if mesh is None or mesh.shape.get(DATA_AXIS, 1) <= 1:
+        return rows
+    *rows, layout = shard_rows(mesh, *rows)
+    pm.with_layout(layout)
+    return tuple(rows)
 
 
 def make_releases(mcmc, call: PreparedCall, tuning: TuningPlan | None, rng_key, secret,

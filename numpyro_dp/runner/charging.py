@@ -26,6 +26,7 @@ from numpyro_dp.accounting import (
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.model.layout import RowLayout
+from numpyro_dp.model.units import ROW
 from numpyro_dp.numpyro_compat import collection_params, warmup_state
 from numpyro_dp.runner import budget, chains
 from numpyro_dp.runner.mixing import MixingWarning
@@ -269,6 +270,11 @@ def over_budget(mcmc, iterations: int, start: int, z, after: str) -> PrivacyBudg
     )
 
 
+def privacy_unit_label(pm) -> str:
+    """What a call's entries protect: a row, or the call's units (their label)."""
+    return ROW if pm is None or pm.units is None else pm.units.label
+
+
 def note(mcmc, text: str) -> None:
     """Write ``text`` (post-processing of charged releases) into the ledger, at no cost."""
     mcmc.ledger.record(LedgerEntry(
@@ -290,7 +296,8 @@ def charge(mcmc, iterations: int, phase: str, tuning: TuningPlan | None = None) 
         kernel.check_noise_multiplier(z)
     pending, entry = budget.call_entries(
         kernel, tuning, z, num_chains=mcmc.num_chains, iterations=iterations, phase=phase,
-        start=start, reproducible_noise=mcmc.reproducible_noise)
+        start=start, reproducible_noise=mcmc.reproducible_noise,
+        privacy_unit=privacy_unit_label(kernel._private_model))
     for rewrite in _ENTRY_REWRITES:
         entry = rewrite(entry)
     if mcmc.check_mixing and kernel.calibrated_noise and not kernel.releases_once:
@@ -313,13 +320,13 @@ def charge(mcmc, iterations: int, phase: str, tuning: TuningPlan | None = None) 
 
 # ------------------------------------------------------------------- the plan
 def plan_call(mcmc, model_args: tuple, model_kwargs: dict, num_rows: int | None,
-              row_layout: RowLayout | None) -> RunPlan:
+              row_layout: RowLayout | None, privacy_unit=None) -> RunPlan:
     """:meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>`: what the coming call
     would cost, from public facts only (nothing runs, nothing is charged)."""
     kernel = mcmc.sampler
     if model_args or model_kwargs:
         num_rows = chains.validated(kernel, *chains.converted(model_args, model_kwargs),
-                                    row_layout).num_rows
+                                    row_layout, privacy_unit).num_rows
     if num_rows is not None:
         check_delta_for_rows(mcmc.delta, num_rows)
     iterations, _ = iterations_this_call(mcmc)

@@ -245,7 +245,7 @@ class PrivateMCMC(MCMC):
         return self._ledger
 
     def plan(self, *model_args, num_rows: int | None = None, row_layout: RowLayout | None = None,
-             **model_kwargs) -> RunPlan:
+             privacy_unit=None, **model_kwargs) -> RunPlan:
         """What :meth:`run` would cost now, computed from public facts only.
 
         Runs nothing and charges nothing; counts the clip selection and warm
@@ -256,7 +256,8 @@ class PrivateMCMC(MCMC):
         how many iterations per chain the budget affords (a lower bound, see
         :func:`~numpyro_dp.max_iterations`) and, for kernels whose batch size
         sets the cost (DPBarker), the largest batch size that fits.  This is
-        the planning API of every kernel.
+        the planning API of every kernel.  ``privacy_unit`` as in :meth:`run`
+        (``num_rows`` is then the number of units).
 
         Examples
         --------
@@ -265,7 +266,8 @@ class PrivateMCMC(MCMC):
         >>> p = mcmc.plan(num_rows=10**6)  # doctest: +SKIP
         >>> p.epsilon, p.max_iterations, p.max_batch_size  # doctest: +SKIP
         """
-        return charging.plan_call(self, model_args, model_kwargs, num_rows, row_layout)
+        return charging.plan_call(self, model_args, model_kwargs, num_rows, row_layout,
+                                  privacy_unit)
 
     def print_summary(self, prob: float = 0.9, exclude_deterministic: bool = True) -> None:
         """NumPyro's summary table of the draws (free: post-processing), with ``n_eff``
@@ -289,8 +291,16 @@ class PrivateMCMC(MCMC):
 
     # ------------------------------------------------------------- running
     def run(self, rng_key, *args, extra_fields=(), init_params=None,
-            row_layout: RowLayout | None = None, **kwargs):
+            row_layout: RowLayout | None = None, privacy_unit=None, **kwargs):
         """Charge the coming iterations to the ledger, then run as NumPyro does.
+
+        ``privacy_unit`` (one id per row: a person, firm or household) makes the
+        guarantee one per *unit*, with all its rows: every release sums a unit's
+        rows before it clips the unit's total, minibatch kernels sample units,
+        ``n`` is the number of units, and the ledger, :meth:`privacy_spent` and
+        the ArviZ attributes say ``privacy_unit="unit:..."``.  Which rows share a
+        unit is public, like ``n`` (:mod:`~numpyro_dp.model.units`).  DPBarker
+        refuses it.
 
         Rows placed on a device mesh (``jax.device_put`` with
         ``NamedSharding(mesh, P("data"))``, or :func:`~numpyro_dp.shard_rows`,
@@ -311,7 +321,8 @@ class PrivateMCMC(MCMC):
         """
         kernel = self.sampler
         chains.check_call(self, rng_key, extra_fields)
-        call = chains.prepare_call(self, args, kwargs, row_layout)  # before any charge
+        call = chains.prepare_call(self, args, kwargs, row_layout,  # before any charge
+                                   privacy_unit)
         chains.check_init_params(self, init_params, call.model.param_shapes)
         iterations, phase = charging.iterations_this_call(self)
         tuning = charging.tuning_plan(self, init_params) if iterations > 0 else None

@@ -54,6 +54,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+import numpy as np
 import numpyro.distributions as dist
 
 from numpyro_dp.accounting import (
@@ -64,6 +65,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.kernels.penalty import DPPenalty
 from numpyro_dp.model.adapter import ObservedSite, PrivateModel, tabular_to_numpy
+from numpyro_dp.model.units import ROW
 from numpyro_dp.releases.noise_aware import NoiseAwareNUTS
 from numpyro_dp.releases.score_budget import (
     MAX_CURVATURE_NOISE,
@@ -140,6 +142,9 @@ class Plan:
         ``sqrt(1 + expected_error_sds^2)``.
     release_refused : bool
         Whether ``NoiseAwareNUTS`` would refuse this budget before spending it.
+    privacy_unit : str
+        What the plan protects: ``"row"``, or ``"unit:..."`` with ``privacy_unit=``
+        (``num_rows`` is then the number of units).
     """
 
     num_rows: int
@@ -165,6 +170,7 @@ class Plan:
     expected_error_sds: float
     sd_ratio: float
     release_refused: bool
+    privacy_unit: str = ROW
 
     @property
     def feasible(self) -> bool:
@@ -180,7 +186,9 @@ class Plan:
                        "per direction, posterior sds about "
                        f"{math.sqrt(1 + self.expected_error_sds**2):.2g} times the rows' alone")
         lines = [
-            f"Private plan: n = {self.num_rows} rows, d = {self.num_params} parameters, "
+            f"Private plan: n = {self.num_rows} "
+            f"{'rows' if self.privacy_unit == ROW else 'units (privacy_unit)'}, "
+            f"d = {self.num_params} parameters, "
             f"({self.epsilon:g}, {self.delta:g})-DP, {self.num_chains} chains x "
             f"{iterations} iterations ({self.num_warmup} warm-up)",
             f"  route: {self.route}",
@@ -276,6 +284,7 @@ def plan(
     warm_start_steps: int | None = None,
     neighbourhood: str = "substitute",
     data_plate: str | None = None,
+    privacy_unit=None,
     **model_kwargs,
 ) -> Plan:
     """Plan a private run of ``model`` on its data: public facts only, nothing charged.
@@ -295,6 +304,9 @@ def plan(
         As for :class:`~numpyro_dp.PrivateMCMC`.
     neighbourhood : {"substitute", "add_remove"}
     data_plate : str, optional
+    privacy_unit : array, optional
+        One unit id per row, as for :meth:`PrivateMCMC.run`: the plan is then for
+        a guarantee per unit, with ``n`` the number of units.
 
     Returns
     -------
@@ -309,7 +321,10 @@ def plan(
     if epsilon is None or delta is None:
         raise ValueError("plan needs epsilon= and delta=, the budget of the whole run.")
     model_args, model_kwargs = tabular_to_numpy((model_args, model_kwargs))
-    pm = PrivateModel(model, model_args, model_kwargs, data_plate=data_plate)
+    if privacy_unit is not None:
+        privacy_unit = np.asarray(tabular_to_numpy(privacy_unit))
+    pm = PrivateModel(model, model_args, model_kwargs, data_plate=data_plate,
+                      privacy_unit=privacy_unit)
     n, d = pm.num_rows, pm.num_params
     check_delta_for_rows(delta, n)
     iterations = num_warmup + num_samples
@@ -444,4 +459,5 @@ def plan(
         start_error, step, travel, verdict, eps_ok, tuple(advice), route, kernel,
         z_release, 0.0 if mixes else error,
         1.0 if mixes else math.sqrt(1 + error**2), refused,
+        ROW if pm.units is None else pm.units.label,
     )
