@@ -26,6 +26,11 @@ they have power against broken mechanisms, not as a proof of privacy.
   actually drawn), replays the same path on the neighbour, and composes the
   releases as they were made into the epsilon they deliver, against what the
   ledger charged and how many releases it charged.
+* Privacy units (:mod:`~numpyro_dp.model.units`): a :class:`Dataset` with
+  ``privacy_unit=ids`` is run private per unit, and :func:`unit_neighbour`
+  makes its neighbour with one whole unit removed or replaced (its rows,
+  :func:`unit_rows`, are the canary).  The same pair without ids audits the
+  row-level guarantee against a unit of many rows, which it does not protect.
 * :func:`fault` injects the bugs an audit must catch (the noise halved, the
   clip skipped for the canary row, a chain not charged, the noise multiplier
   divided inside a kernel after the charge), to check that an audit has the
@@ -63,7 +68,7 @@ from numpyro_dp.audit.bounds import (
 from numpyro_dp.audit.faults import FAULTS, fault
 from numpyro_dp.audit.kernel_audit import REALISED_Z_GRID, audit_kernel
 from numpyro_dp.audit.release_audits import barker_test, batch_llr_release, clipped_sum_release
-from numpyro_dp.audit.runs import Dataset
+from numpyro_dp.audit.runs import Dataset, unit_neighbour, unit_rows
 
 __all__ = [
     "FAULTS",
@@ -81,4 +86,6 @@ __all__ = [
     "multi_run",
     "one_run",
     "one_run_epsilon_lower_bound",
+    "unit_neighbour",
+    "unit_rows",
 ]

@@ -31,6 +31,7 @@ from numpyro_dp.audit.runs import (
     take_rows,
 )
 from numpyro_dp.kernels.base import DPKernel
+from numpyro_dp.model.units import ROW
 
 
 def canary_log_likelihood(model: Callable, canary: Dataset) -> Callable:
@@ -96,7 +97,10 @@ def multi_run(
         Neighbours in the kernel's sense: ``neighbour`` lacks the canary row
         (``"add_remove"``) or holds another row in its place (``"substitute"``).
         Choose the canary extreme within the clip: the audit is only as strong
-        as its canary and its score.
+        as its canary and its score.  With ``privacy_unit`` (:class:`Dataset`)
+        the runs are private per unit and the canary is a whole unit
+        (:func:`~numpyro_dp.audit.runs.unit_neighbour`); without it they are
+        private per row, whichever rows the two differ in.
     delta : float
         The ``delta`` of the claim.
     score : callable, optional
@@ -106,7 +110,8 @@ def multi_run(
         log-likelihood averaged over the draws (:func:`canary_log_likelihood`),
         which needs ``canary``.
     canary : Dataset, optional
-        The canary row alone, as the model takes a data set.
+        The canary row alone, as the model takes a data set (a canary unit: its
+        rows, :func:`~numpyro_dp.audit.runs.unit_rows`).
     epsilon : float, optional
         The budget of one run (calibrates a kernel without noise; a cap
         otherwise).
@@ -135,19 +140,20 @@ def multi_run(
                **runner_options}
     key = jax.random.PRNGKey(seed)
     claim = audit_runner(kernel, chains_per_run, epsilon, **options)
-    claim.run(jax.random.fold_in(key, 0), *data.args, **data.kwargs)
-    claimed = claim.privacy_spent().epsilon
+    claim.run(jax.random.fold_in(key, 0), *data.args, **data.run_kwargs)
+    spent = claim.privacy_spent()
     all_scores = []
     for side, dataset in enumerate((data, neighbour), start=1):
         mcmc = audit_runner(claim.sampler, num_runs * chains_per_run, None, **options)
         mcmc.run(jax.random.fold_in(key, side), *dataset.args, extra_fields=extra_fields,
-                 **dataset.kwargs)
+                 **dataset.run_kwargs)
         samples, extra = _runs_output(mcmc, num_runs, chains_per_run, extra_fields)
         all_scores.append(np.asarray(score(samples, extra), np.float64).reshape(num_runs))
     bound = epsilon_lower_bound(*all_scores, delta=delta, confidence=confidence)
-    return AuditResult("multi-run", claimed, delta, bound, confidence, num_runs,
+    return AuditResult("multi-run", spent.epsilon, delta, bound, confidence, num_runs,
                        f"{type(kernel).__name__}, {chains_per_run} chain(s) x "
-                       f"{num_warmup + num_samples} iterations per run")
+                       f"{num_warmup + num_samples} iterations per run; claimed per "
+                       f"{'row' if spent.privacy_unit == ROW else 'unit'}")
 
 
 def one_run(
@@ -182,6 +188,10 @@ def one_run(
     """
     check_confidence(confidence, delta)
     check_clips_stated(kernel)
+    if any(d.privacy_unit is not None for d in (data, canaries, null_row) if d is not None):
+        raise ValueError("one_run includes canary rows one by one: it audits a guarantee "
+                         "per row. Audit one per unit with multi_run or audit_kernel (a "
+                         "whole unit as the canary: audit.unit_neighbour).")
     m = num_rows(canaries)
     included = np.random.default_rng(seed).random(m) < 0.5
     rows = [take_rows(canaries, np.flatnonzero(included))]

@@ -116,7 +116,9 @@ def audit_kernel(
     data, neighbour : Dataset
         Neighbours in the kernel's sense.  A subsampled kernel draws its
         batches from the ``n`` rows, so its neighbour must hold as many rows
-        (``"substitute"``): only the same batches replay the same path.
+        (``"substitute"``): only the same batches replay the same path.  With
+        ``privacy_unit`` (:class:`Dataset`) the run is private per unit, the
+        canary a whole unit, and ``n`` counts units.
     delta : float
         The ``delta`` of the claim.
     epsilon : float, optional
@@ -155,10 +157,10 @@ def audit_kernel(
         warnings.simplefilter("ignore", ReproducibleNoiseWarning)
         claim = audit_runner(kernel, num_chains, epsilon, **options)
         with tap.tapped(recorded):
-            claim.run(key, *data.args, **data.kwargs)
+            claim.run(key, *data.args, **data.run_kwargs)
         other = audit_runner(claim.sampler, num_chains, None, **options)
         with tap.tapped(replayed):
-            other.run(key, *neighbour.args, **neighbour.kwargs)
+            other.run(key, *neighbour.args, **neighbour.run_kwargs)
     jax.effects_barrier()
     spent = claim.privacy_spent()
     made = recorded.count
@@ -170,6 +172,9 @@ def audit_kernel(
 
 
 def _shapes(dataset: Dataset) -> tuple:
+    """What fixes the batches: the rows' shapes, or with units their number."""
+    if dataset.privacy_unit is not None:
+        return len(np.unique(dataset.privacy_unit))
     return ([np.shape(a) for a in dataset.args],
             {k: np.shape(v) for k, v in dataset.kwargs.items()})
 
