@@ -269,6 +269,11 @@ def prepare_call(mcmc, args: tuple, kwargs: dict, row_layout: RowLayout | None,
     if privacy_unit is None:
         args, kwargs, row_layout = place_rows(mcmc, args, kwargs, row_layout)
     pm = validated(mcmc.sampler, args, kwargs, row_layout, privacy_unit)
+    if privacy_unit is not None and rows_mesh(jax.tree_util.tree_leaves((args, kwargs))):
+        raise ValueError(
+            "privacy_unit with rows already placed on a mesh: pass the rows unplaced; "
+            "PrivateMCMC(mesh=...) places whole units on the mesh's data axis."
+        )
     rows = pm.private_inputs(args, kwargs)
     if privacy_unit is not None:
         rows = place_units(mcmc, pm, rows)
