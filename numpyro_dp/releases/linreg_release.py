@@ -6,7 +6,8 @@ triangle iid N(0, 1)), ``z_hat_j = X_j^T y_j + sigma v_j`` and, by default,
 ``u_hat_j = y_j^T y_j + sigma w_j`` (Bernstein & Sheldon 2019: without it the data
 say nothing about ``sigma_y``, which stays the prior's) by one Gaussian mechanism on
 the joint vector (:func:`release_linreg_stats`, a :class:`LinRegRelease`); under
-``"add_remove"`` each holder's row count joins it (:data:`COUNT_WEIGHT`).
+``"add_remove"`` each holder's row count joins it (:data:`COUNT_WEIGHT`); with
+``privacy_unit=ids`` it protects one unit (a person) with all its rows.
 :func:`adassp` is the adaSSP baseline (Wang 2018), a release of its own.  Inference
 from a release is post-processing and costs no budget: :mod:`numpyro_dp.releases.linreg`,
 which also offers this module's user-facing names (``ndp.linreg.release_linreg_stats``).
@@ -35,6 +36,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
+from numpyro_dp.model.units import ROW, Units, UnitsError
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.releases.mechanisms import (
     Release,
@@ -67,7 +69,7 @@ COUNT_WEIGHT = 0.25
 
 
 def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "substitute",
-                       with_yty: bool = True) -> float:
+                       with_yty: bool = True, max_rows_per_unit: int = 1) -> float:
     """l2-sensitivity of ``(upper triangle of X^T X, X^T y[, y^T y])``.
 
     Rows with ``||x|| <= x_bound`` and ``|y| <= y_bound``.  Without ``y^T y``,
@@ -80,17 +82,35 @@ def linreg_sensitivity(x_bound: float, y_bound: float, neighbourhood: str = "sub
     part's bound holds whatever the others do, so the root of their squares bounds
     the joint vector.  Holders hold disjoint rows, so a row moves one holder's
     statistics only.
+
+    Privacy units (:class:`~numpyro_dp.model.units.Units`) of at most
+    ``m = max_rows_per_unit`` rows: a unit's statistics are the sum of its rows',
+    and each part moves by at most ``m`` times its bound for a row, so the joint
+    bound is ``m`` times the above.  Add/remove: the unit brings
+    ``sum_i ut(x_i x_i^T)`` of norm ``<= sum_i ||x_i||^2 <= m x_bound^2``,
+    ``sum_i x_i y_i`` of norm ``<= m x_bound y_bound`` and ``sum_i y_i^2 <= m
+    y_bound^2``.  Substitute (its rows ``(x_i, y_i)`` replaced by ``(x'_k, y'_k)``,
+    at most ``m`` of each): ``A = sum_i x_i x_i^T`` and ``B = sum_k x'_k x'_k^T`` are
+    positive semi-definite with ``||A||_F <= tr A <= m x_bound^2``, so
+    ``||A - B||_F^2 = ||A||_F^2 + ||B||_F^2 - 2 tr(A B) <= 2 m^2 x_bound^4`` (``tr(A B)
+    >= 0``); ``||sum_i x_i y_i - sum_k x'_k y'_k|| <= 2 m x_bound y_bound``; and both
+    ``y^T y`` parts lie in ``[0, m y_bound^2]``.  With ``m = 1`` these are the bounds
+    for a row.
     """
     bx, by = check_bound("x_bound", x_bound), check_bound("y_bound", y_bound)
+    if not (isinstance(max_rows_per_unit, (int, np.integer)) and max_rows_per_unit >= 1):
+        raise ValueError(f"max_rows_per_unit={max_rows_per_unit!r} must be a positive integer.")
     z_part = sum_sensitivity(bx * by, neighbourhood)
     u_part = by**2 if with_yty else 0.0
-    return math.sqrt(gram_sensitivity(bx, neighbourhood) ** 2 + z_part**2 + u_part**2)
+    return max_rows_per_unit * math.sqrt(gram_sensitivity(bx, neighbourhood) ** 2 + z_part**2
+                                         + u_part**2)
 
 
 def count_weight(x_bound: float, y_bound: float, neighbourhood: str,
                  with_yty: bool = True) -> float:
     """What one row adds to the released count coordinate: 0 (none) under ``"substitute"``,
-    where the counts are public, else :data:`COUNT_WEIGHT` times the statistics' sensitivity."""
+    where the counts are public, else :data:`COUNT_WEIGHT` times the statistics' sensitivity
+    for a row."""
     if check_neighbourhood(neighbourhood) == "substitute":
         return 0.0
     return COUNT_WEIGHT * linreg_sensitivity(x_bound, y_bound, neighbourhood, with_yty)
@@ -104,6 +124,7 @@ def linreg_plan(
     y_bound: float,
     neighbourhood: str,
     with_yty: bool = True,
+    max_rows_per_unit: int = 1,
 ) -> GridPlan:
     """:class:`~numpyro_dp.primitives.release.GridPlan` of one holder's :func:`linreg_statistic`.
 
@@ -113,14 +134,20 @@ def linreg_plan(
     the bounds as computed, joined under add/remove by the count coordinate
     (:func:`count_weight`), plus the error bounds of the sums
     (:func:`~numpyro_dp.releases.row_products.row_product_error`), the count's
-    rounding and the grid rounding.
+    rounding and the grid rounding.  With units of at most ``max_rows_per_unit =
+    m`` rows both move ``m`` times as far (a unit adds or removes up to ``m``
+    rows, hence ``m`` counts); the error bounds are per row and cover all
+    ``num_rows`` rows, since the statistic is computed as the sum over rows
+    whatever the units.
     """
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
     w = count_weight(bx, by, neighbourhood, with_yty)
     error = (row_product_error(num_rows, bx, bx, d * d) + row_product_error(num_rows, bx, by, d)
              + (row_product_error(num_rows, by, by, 1) if with_yty else 0.0)
              + U64 * w * num_rows)
-    sensitivity = math.hypot(linreg_sensitivity(bx, by, neighbourhood, with_yty), w)
+    sensitivity = math.hypot(
+        linreg_sensitivity(bx, by, neighbourhood, with_yty, max_rows_per_unit),
+        max_rows_per_unit * w)
     return grid_plan(
         noise_multiplier, sensitivity, d * (d + 3) // 2 + with_yty + (w > 0),
         magnitude=num_rows * max(bx * max(bx, by), by**2 if with_yty else 0.0, w),
@@ -185,6 +212,53 @@ def holder_rows(X, y) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def holder_units(X, holders, privacy_unit, max_rows_per_unit, neighbourhood: str) -> Units | None:
+    """The privacy units of all holders' rows (public), or None for a guarantee per row.
+
+    ``privacy_unit`` is one id per row of the one holder, or, with ``X`` a list,
+    a list with one such array per holder.  A unit must lie within one holder:
+    a holder releases from its own rows, so only it can sum a unit's rows, and
+    the holders' releases compose in parallel only if no unit moves two of
+    them.  Substitute neighbourhood only (see :func:`release_linreg_stats`).
+    """
+    if privacy_unit is None:
+        if max_rows_per_unit is not None:
+            raise UnitsError("max_rows_per_unit bounds the rows of a privacy unit: pass "
+                             "privacy_unit= (one unit id per row) with it.")
+        return None
+    if check_neighbourhood(neighbourhood) == "add_remove":
+        raise UnitsError(
+            "privacy_unit needs neighbourhood='substitute' here: the unit ids fix the number "
+            "of rows and units, which this release keeps private under add/remove, and the "
+            "ledger's label of the units (a fingerprint of the ids) would publish them. With "
+            "substitute the ids are public, like n."
+        )
+    several = isinstance(X, (list, tuple))
+    if several and not (isinstance(privacy_unit, (list, tuple))
+                        and len(privacy_unit) == len(holders)):
+        raise UnitsError("With X and y as lists (one array per holder), pass privacy_unit as a "
+                         "list with one array of unit ids per holder, e.g. "
+                         "privacy_unit=[ids1, ids2].")
+    ids = [np.asarray(i) for i in (privacy_unit if several else [privacy_unit])]
+    for j, (ids_j, (Xj, _)) in enumerate(zip(ids, holders, strict=True)):
+        if ids_j.shape != (len(Xj),):
+            raise UnitsError(
+                f"privacy_unit must give one unit id per row{f' of holder {j}' if several else ''}"
+                f": an array of shape ({len(Xj)},), got shape {ids_j.shape}."
+            )
+    if len({i.dtype.kind in "US" for i in ids}) > 1:
+        raise UnitsError("privacy_unit: give every holder's unit ids one type, all integers "
+                         "or all strings.")
+    units = Units.from_ids(np.concatenate(ids), sum(len(i) for i in ids), max_rows_per_unit)
+    if sum(len(np.unique(i)) for i in ids) != units.num_units:
+        raise UnitsError(
+            "A unit id appears in more than one holder: a holder releases from its own rows "
+            "only, so each unit's rows must all lie with one holder. Move every unit's rows "
+            "to one holder (or give units of different holders different ids)."
+        )
+    return units
+
+
 class LinRegRelease(NamedTuple):
     """Released statistics of J data holders (all fields public).
 
@@ -206,9 +280,12 @@ class LinRegRelease(NamedTuple):
     x_bound, y_bound : float
         The a-priori bounds used.
     entry : LedgerEntry
-        The cost: one Gaussian release (holders hold disjoint rows, so their
-        releases compose in parallel).
+        The cost: one Gaussian release (holders hold disjoint rows, or with
+        ``privacy_unit`` disjoint units, so their releases compose in parallel).
     neighbourhood : str
+    privacy_unit : str
+        What the release protects: ``"row"``, or ``"unit:..."`` (one unit with all
+        its rows, :class:`~numpyro_dp.model.units.Units`), as ``entry`` records it.
     """
 
     S_hat: np.ndarray
@@ -220,14 +297,17 @@ class LinRegRelease(NamedTuple):
     y_bound: float
     entry: LedgerEntry
     neighbourhood: str
+    privacy_unit: str = ROW
 
 
-def _holders_plan_rows(holders, neighbourhood, max_rows, delta) -> int:
+def _holders_plan_rows(holders, neighbourhood, max_rows, delta, units: Units | None) -> int:
     """The per-holder row count the releases are sized for, after the ``delta`` check
-    against every row of every holder (n, or ``J max_rows`` under add/remove)."""
+    against every row (or unit) of every holder (n, or ``J max_rows`` under add/remove)."""
     rows = planned_rows(max(len(Xj) for Xj, _ in holders), neighbourhood, max_rows)
-    total = (sum(len(Xj) for Xj, _ in holders) if neighbourhood == "substitute"
-             else len(holders) * rows)
+    if neighbourhood == "add_remove":
+        total = len(holders) * rows
+    else:
+        total = sum(len(Xj) for Xj, _ in holders) if units is None else units.num_units
     check_delta_for_rows(delta, total)
     return rows
 
@@ -247,6 +327,8 @@ def release_linreg_stats(
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
     with_yty: bool = True,
+    privacy_unit=None,
+    max_rows_per_unit: int | None = None,
 ) -> LinRegRelease:
     """Release ``(S_hat_j, z_hat_j, u_hat_j)`` for each data holder's rows.
 
@@ -264,8 +346,8 @@ def release_linreg_stats(
         (:func:`~numpyro_dp.releases.mechanisms.clip_rows`).
     epsilon, delta, noise_multiplier : float, optional
         The budget (noise calibrated analytically, Balle & Wang 2018), or the
-        noise multiplier.  ``delta`` must be below ``1 / n`` (all holders' rows;
-        under add/remove ``1 / (J max_rows)``).
+        noise multiplier.  ``delta`` must be below ``1 / n`` (all holders' rows,
+        or units with ``privacy_unit``; under add/remove ``1 / (J max_rows)``).
     neighbourhood : {"substitute", "add_remove"}
         Under add/remove the row counts are private: the release is sized for
         ``max_rows`` (required) and each holder's count is released with noise
@@ -281,20 +363,39 @@ def release_linreg_stats(
         ``sigma_y`` (Bernstein & Sheldon 2019); it raises the sensitivity by
         ``y_bound^4`` under the root (:func:`linreg_sensitivity`).  False makes
         paper 002's release, whose ``sigma_y`` is the prior's.
+    privacy_unit : array (n,), or a list of them, optional
+        One unit id per row (a person, firm, household; integers or strings):
+        the guarantee is then for substituting one unit with all its rows, not
+        one row.  Rows are still projected onto the bounds, and a unit's
+        statistics are the sum of its rows', so the sensitivity is
+        ``max_rows_per_unit`` times a row's (:func:`linreg_sensitivity` derives
+        it).  Which rows share a unit is public, like n
+        (:mod:`~numpyro_dp.model.units`); the entry and ``privacy_unit`` of the
+        release record the units' label.  With several holders pass one array
+        per holder (``privacy_unit=[ids1, ids2]``); a unit id that appears in
+        two holders is refused (:func:`holder_units`).  Substitute
+        neighbourhood only: under add/remove the ids would fix n, which this
+        release keeps private there.
+    max_rows_per_unit : int, optional
+        A public bound on the rows of one unit (all holders share it); by
+        default the largest unit's (public with the ids).  A unit with more
+        rows is refused.
 
     The noise covers :func:`linreg_sensitivity` plus the computation's error
     bounds and the grid rounding (:func:`linreg_plan`); one Gaussian event,
-    since a row moves one holder's statistics only.
+    since a row (a unit) moves one holder's statistics only.
     """
     holders = holder_rows(X, y)
-    rows = _holders_plan_rows(holders, neighbourhood, max_rows, delta)
+    units = holder_units(X, holders, privacy_unit, max_rows_per_unit, neighbourhood)
+    rows = _holders_plan_rows(holders, neighbourhood, max_rows, delta, units)
     holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
     d = holders[0][0].shape[1]
-    plan = linreg_plan(z, rows, d, x_bound, y_bound, neighbourhood, with_yty)
+    m, label = (1, ROW) if units is None else (units.max_rows, units.label)
+    plan = linreg_plan(z, rows, d, x_bound, y_bound, neighbourhood, with_yty, m)
     weight = count_weight(computed_bound(x_bound, d), computed_bound(y_bound, 1), neighbourhood,
                           with_yty)
-    entry = release_entry("LinRegStats", dpa.GaussianDpEvent(z), reproducible_noise)
+    entry = release_entry("LinRegStats", dpa.GaussianDpEvent(z), reproducible_noise, label)
     k = d * (d + 1) // 2
 
     def draw(key):
@@ -311,7 +412,7 @@ def release_linreg_stats(
     else:
         n_rows = np.array([len(Xj) for Xj, _ in holders])
     return LinRegRelease(S_hat, rest[:, :d], yty, n_rows, float(plan.scale), float(x_bound),
-                         float(y_bound), entry, neighbourhood)
+                         float(y_bound), entry, neighbourhood, label)
 
 
 # ------------------------------------------------------------------ adaSSP
@@ -329,12 +430,15 @@ def adassp(
     rho: float = 0.05,
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
+    privacy_unit=None,
+    max_rows_per_unit: int | None = None,
 ) -> Release:
     """adaSSP (Wang 2018), distributed as in Alparslan (2023, eq. 7.2).
 
     ``X``, ``y``: one holder's rows or one array per holder, as in
-    :func:`release_linreg_stats` (rows projected onto the bounds; ``max_rows``
-    and the ``delta`` check likewise).  Each holder releases
+    :func:`release_linreg_stats` (rows projected onto the bounds; ``max_rows``,
+    ``privacy_unit``, ``max_rows_per_unit`` and the ``delta`` check likewise).
+    Each holder releases
     ``lambda_min(S_j)`` (sensitivity ``x_bound^2``),
     ``S_j`` (:func:`~numpyro_dp.releases.mechanisms.gram_sensitivity`) and ``z_j``
     (``X_j^T y_j``), three Gaussian releases with one noise multiplier whose
@@ -351,9 +455,17 @@ def adassp(
     sum z_hat_j`` as the release's value.  ``ledger`` and
     ``reproducible_noise`` as in
     :func:`~numpyro_dp.releases.mechanisms.gaussian_mechanism`.
+
+    With units of at most ``m = max_rows_per_unit`` rows each sensitivity is
+    ``m`` times a row's: ``S_j`` and ``z_j`` by :func:`linreg_sensitivity`'s
+    argument, and ``lambda_min(S_j)`` because a unit's part of ``S_j`` is
+    positive semi-definite of norm at most ``m x_bound^2`` (Weyl; under
+    substitution both ``lambda_min`` lie within that of ``S_j`` without the
+    unit and ``m x_bound^2`` above it).
     """
     holders = holder_rows(X, y)
-    n = _holders_plan_rows(holders, neighbourhood, max_rows, delta)  # every bound grows with n
+    units = holder_units(X, holders, privacy_unit, max_rows_per_unit, neighbourhood)
+    n = _holders_plan_rows(holders, neighbourhood, max_rows, delta, units)  # bounds grow with n
     holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     if not 0 < rho < 1:
         raise ValueError(f"rho={rho} (failure probability) must lie in (0, 1).")
@@ -364,15 +476,16 @@ def adassp(
 
     z = calibrate_noise_multiplier(event3, epsilon, delta)
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
-    S_plan = gram_plan(z, n, d, x_bound, neighbourhood)
-    z_plan = grid_plan(z, sum_sensitivity(bx * by, neighbourhood), d,
+    m, label = (1, ROW) if units is None else (units.max_rows, units.label)
+    S_plan = gram_plan(z, n, d, x_bound, neighbourhood, m)
+    z_plan = grid_plan(z, m * sum_sensitivity(bx * by, neighbourhood), d,
                        magnitude=n * bx * by, error=row_product_error(n, bx, by, d))
-    # lambda_min moves by at most x_bound^2 (Weyl); its error: S as computed,
+    # lambda_min moves by at most m x_bound^2 (Weyl); its error: S as computed,
     # S rounded to float64, and the eigensolver.
     lam_error = row_product_error(n, bx, bx, d * d) + (4 * d + 2) * U64 * n * bx**2
-    lam_plan = grid_plan(z, bx**2, 1, magnitude=n * bx**2, error=lam_error)
+    lam_plan = grid_plan(z, m * bx**2, 1, magnitude=n * bx**2, error=lam_error)
     shift = lam_plan.scale * norm.ppf(1 - rho / 3)
-    entry = release_entry("adaSSP", event3(z), reproducible_noise)
+    entry = release_entry("adaSSP", event3(z), reproducible_noise, label)
 
     def draw(key):
         S_sum, z_sum, lam_sum = np.zeros((d, d)), np.zeros(d), 0.0

@@ -72,6 +72,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
+from numpyro_dp.model.units import ROW
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.primitives.secret import noise_key, run_secret
 from numpyro_dp.releases.row_products import (
@@ -145,9 +146,13 @@ def charge(ledger: PrivacyLedger, entry: LedgerEntry, neighbourhood: str) -> Non
     ledger.charge(entry)
 
 
-def release_entry(name: str, event: dpa.DpEvent, reproducible_noise: bool = False) -> LedgerEntry:
-    """Ledger entry of one one-shot release (``reproducible_noise``: see :func:`secret_release`)."""
-    return LedgerEntry(name, "release", 1, 1, event, reproducible_noise=bool(reproducible_noise))
+def release_entry(name: str, event: dpa.DpEvent, reproducible_noise: bool = False,
+                  privacy_unit: str = ROW) -> LedgerEntry:
+    """Ledger entry of one one-shot release (``reproducible_noise``: see :func:`secret_release`;
+    ``privacy_unit``: what it protects, ``"row"`` or a :class:`~numpyro_dp.model.units.Units`
+    label)."""
+    return LedgerEntry(name, "release", 1, 1, event, reproducible_noise=bool(reproducible_noise),
+                       privacy_unit=privacy_unit)
 
 
 def secret_release(
@@ -339,13 +344,20 @@ def gaussian_noise_multiplier(
 
 
 def gram_plan(
-    noise_multiplier: float, num_rows: int, d: int, x_bound: float, neighbourhood: str
+    noise_multiplier: float, num_rows: int, d: int, x_bound: float, neighbourhood: str,
+    max_rows_per_unit: int = 1,
 ) -> GridPlan:
     """:class:`GridPlan` of the upper triangle of ``X^T X``
-    (:func:`~numpyro_dp.releases.row_products.row_product_sum`) for n rows."""
+    (:func:`~numpyro_dp.releases.row_products.row_product_sum`) for n rows.
+
+    With privacy units of at most ``max_rows_per_unit = m`` rows the sensitivity is
+    ``m`` times a row's (:func:`~numpyro_dp.releases.linreg_release.linreg_sensitivity`
+    derives it); the error bound stays the one of n rows.
+    """
     bx = computed_bound(x_bound, d)
     return grid_plan(
-        noise_multiplier, gram_sensitivity(bx, neighbourhood), d * (d + 1) // 2,
+        noise_multiplier, max_rows_per_unit * gram_sensitivity(bx, neighbourhood),
+        d * (d + 1) // 2,
         magnitude=num_rows * bx**2, error=row_product_error(num_rows, bx, bx, d * d),
     )
 
