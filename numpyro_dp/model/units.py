@@ -133,3 +133,44 @@ def common_unit(labels) -> str:
     for rows)."""
     labels = set(labels)
     return labels.pop() if len(labels) == 1 else ROW
+
+
+def holder_units(privacy_unit, holder_rows: list[int], several: bool,
+                 max_rows_per_unit: int | None = None) -> Units:
+    """The units of the rows of one data holder, or of several (``several``).
+
+    ``privacy_unit`` is one id per row of the one holder, or, for several, a
+    list with one such array per holder (``holder_rows`` their row counts).  A
+    unit must lie within one holder: a holder releases from its own rows, so only
+    it can sum a unit's rows, and the holders' releases compose in parallel only
+    if no unit moves two of them.
+
+    Raises
+    ------
+    UnitsError
+        If the ids do not match the holders' rows, mix integers and strings, or a
+        unit's rows lie with two holders.
+    """
+    if several and not (isinstance(privacy_unit, (list, tuple))
+                        and len(privacy_unit) == len(holder_rows)):
+        raise UnitsError("With X and y as lists (one array per holder), pass privacy_unit as a "
+                         "list with one array of unit ids per holder, e.g. "
+                         "privacy_unit=[ids1, ids2].")
+    ids = [np.asarray(i) for i in (privacy_unit if several else [privacy_unit])]
+    for j, (ids_j, rows) in enumerate(zip(ids, holder_rows, strict=True)):
+        if ids_j.shape != (rows,):
+            raise UnitsError(
+                f"privacy_unit must give one unit id per row{f' of holder {j}' if several else ''}"
+                f": an array of shape ({rows},), got shape {ids_j.shape}."
+            )
+    if len({i.dtype.kind in "US" for i in ids}) > 1:
+        raise UnitsError("privacy_unit: give every holder's unit ids one type, all integers "
+                         "or all strings.")
+    units = Units.from_ids(np.concatenate(ids), sum(holder_rows), max_rows_per_unit)
+    if sum(len(np.unique(i)) for i in ids) != units.num_units:
+        raise UnitsError(
+            "A unit id appears in more than one holder: a holder releases from its own rows "
+            "only, so each unit's rows must all lie with one holder. Move every unit's rows "
+            "to one holder (or give units of different holders different ids)."
+        )
+    return units

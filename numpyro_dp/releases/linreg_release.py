@@ -36,7 +36,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
-from numpyro_dp.model.units import ROW, Units, UnitsError
+from numpyro_dp.model.units import ROW, Units
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.releases.mechanisms import (
     Release,
@@ -47,6 +47,7 @@ from numpyro_dp.releases.mechanisms import (
     gram_sensitivity,
     planned_rows,
     release_entry,
+    release_units,
     secret_release,
     sum_sensitivity,
 )
@@ -212,53 +213,6 @@ def holder_rows(X, y) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def holder_units(X, holders, privacy_unit, max_rows_per_unit, neighbourhood: str) -> Units | None:
-    """The privacy units of all holders' rows (public), or None for a guarantee per row.
-
-    ``privacy_unit`` is one id per row of the one holder, or, with ``X`` a list,
-    a list with one such array per holder.  A unit must lie within one holder:
-    a holder releases from its own rows, so only it can sum a unit's rows, and
-    the holders' releases compose in parallel only if no unit moves two of
-    them.  Substitute neighbourhood only (see :func:`release_linreg_stats`).
-    """
-    if privacy_unit is None:
-        if max_rows_per_unit is not None:
-            raise UnitsError("max_rows_per_unit bounds the rows of a privacy unit: pass "
-                             "privacy_unit= (one unit id per row) with it.")
-        return None
-    if check_neighbourhood(neighbourhood) == "add_remove":
-        raise UnitsError(
-            "privacy_unit needs neighbourhood='substitute' here: the unit ids fix the number "
-            "of rows and units, which this release keeps private under add/remove, and the "
-            "ledger's label of the units (a fingerprint of the ids) would publish them. With "
-            "substitute the ids are public, like n."
-        )
-    several = isinstance(X, (list, tuple))
-    if several and not (isinstance(privacy_unit, (list, tuple))
-                        and len(privacy_unit) == len(holders)):
-        raise UnitsError("With X and y as lists (one array per holder), pass privacy_unit as a "
-                         "list with one array of unit ids per holder, e.g. "
-                         "privacy_unit=[ids1, ids2].")
-    ids = [np.asarray(i) for i in (privacy_unit if several else [privacy_unit])]
-    for j, (ids_j, (Xj, _)) in enumerate(zip(ids, holders, strict=True)):
-        if ids_j.shape != (len(Xj),):
-            raise UnitsError(
-                f"privacy_unit must give one unit id per row{f' of holder {j}' if several else ''}"
-                f": an array of shape ({len(Xj)},), got shape {ids_j.shape}."
-            )
-    if len({i.dtype.kind in "US" for i in ids}) > 1:
-        raise UnitsError("privacy_unit: give every holder's unit ids one type, all integers "
-                         "or all strings.")
-    units = Units.from_ids(np.concatenate(ids), sum(len(i) for i in ids), max_rows_per_unit)
-    if sum(len(np.unique(i)) for i in ids) != units.num_units:
-        raise UnitsError(
-            "A unit id appears in more than one holder: a holder releases from its own rows "
-            "only, so each unit's rows must all lie with one holder. Move every unit's rows "
-            "to one holder (or give units of different holders different ids)."
-        )
-    return units
-
-
 class LinRegRelease(NamedTuple):
     """Released statistics of J data holders (all fields public).
 
@@ -373,7 +327,7 @@ def release_linreg_stats(
         (:mod:`~numpyro_dp.model.units`); the entry and ``privacy_unit`` of the
         release record the units' label.  With several holders pass one array
         per holder (``privacy_unit=[ids1, ids2]``); a unit id that appears in
-        two holders is refused (:func:`holder_units`).  Substitute
+        two holders is refused (:func:`~numpyro_dp.model.units.holder_units`).  Substitute
         neighbourhood only: under add/remove the ids would fix n, which this
         release keeps private there.
     max_rows_per_unit : int, optional
@@ -386,7 +340,8 @@ def release_linreg_stats(
     since a row (a unit) moves one holder's statistics only.
     """
     holders = holder_rows(X, y)
-    units = holder_units(X, holders, privacy_unit, max_rows_per_unit, neighbourhood)
+    units = release_units(privacy_unit, [len(Xj) for Xj, _ in holders],
+                          isinstance(X, (list, tuple)), max_rows_per_unit, neighbourhood)
     rows = _holders_plan_rows(holders, neighbourhood, max_rows, delta, units)
     holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
@@ -464,7 +419,8 @@ def adassp(
     unit and ``m x_bound^2`` above it).
     """
     holders = holder_rows(X, y)
-    units = holder_units(X, holders, privacy_unit, max_rows_per_unit, neighbourhood)
+    units = release_units(privacy_unit, [len(Xj) for Xj, _ in holders],
+                          isinstance(X, (list, tuple)), max_rows_per_unit, neighbourhood)
     n = _holders_plan_rows(holders, neighbourhood, max_rows, delta, units)  # bounds grow with n
     holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     if not 0 < rho < 1:

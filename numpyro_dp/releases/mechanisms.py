@@ -72,7 +72,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
-from numpyro_dp.model.units import ROW
+from numpyro_dp.model.units import ROW, Units, UnitsError, holder_units
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.primitives.secret import noise_key, run_secret
 from numpyro_dp.releases.row_products import (
@@ -196,6 +196,30 @@ def secret_release(
 
 
 # ------------------------------------------------------------ sensitivities
+def release_units(privacy_unit, holder_rows: list[int], several: bool,
+                  max_rows_per_unit: int | None, neighbourhood: str) -> Units | None:
+    """The privacy units of a release's rows (:func:`~numpyro_dp.model.units.holder_units`),
+    or None for a guarantee per row.
+
+    Substitute neighbourhood only: under add/remove these releases keep the number
+    of rows private, and the unit ids (and the ledger's fingerprint of them) would
+    publish it.  With substitute the ids are public, like n.
+    """
+    if privacy_unit is None:
+        if max_rows_per_unit is not None:
+            raise UnitsError("max_rows_per_unit bounds the rows of a privacy unit: pass "
+                             "privacy_unit= (one unit id per row) with it.")
+        return None
+    if check_neighbourhood(neighbourhood) == "add_remove":
+        raise UnitsError(
+            "privacy_unit needs neighbourhood='substitute' here: the unit ids fix the number "
+            "of rows and units, which this release keeps private under add/remove, and the "
+            "ledger's label of the units (a fingerprint of the ids) would publish them. With "
+            "substitute the ids are public, like n."
+        )
+    return holder_units(privacy_unit, holder_rows, several, max_rows_per_unit)
+
+
 def check_bound(name: str, bound) -> float:
     """An a-priori bound: one finite number > 0 fixed before seeing the data."""
     if np.ndim(bound) != 0:
@@ -425,6 +449,8 @@ def gram_mechanism(
     noise_multiplier: float | None = None,
     neighbourhood: str = "substitute",
     max_rows: int | None = None,
+    privacy_unit=None,
+    max_rows_per_unit: int | None = None,
     ledger: PrivacyLedger | None = None,
     reproducible_noise: bool = False,
 ) -> Release:
@@ -438,17 +464,23 @@ def gram_mechanism(
     not be positive semi-definite.  ``max_rows`` (required under
     ``"add_remove"``, where n is private) and the ``delta`` check: see
     :func:`planned_rows`.  ``ledger`` and ``reproducible_noise`` as in
-    :func:`gaussian_mechanism`.
+    :func:`gaussian_mechanism`.  ``privacy_unit`` (one id per row) and
+    ``max_rows_per_unit``: the guarantee is for one unit with all its rows, the
+    sensitivity ``max_rows_per_unit`` times a row's (default: the largest unit,
+    public with the ids), ``delta`` below one over the number of units;
+    substitute neighbourhood only (:func:`release_units`).
     """
     if np.ndim(x) != 2:
         raise ValueError(f"x must be an (n, d) array of rows; got shape {np.shape(x)}.")
     n, d = np.shape(x)
+    units = release_units(privacy_unit, [n], False, max_rows_per_unit, neighbourhood)
     rows = planned_rows(n, neighbourhood, max_rows)
-    check_delta_for_rows(delta, rows)
+    check_delta_for_rows(delta, rows if units is None else units.num_units)
     x = clip_rows(x, x_bound)
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
-    plan = gram_plan(z, rows, d, x_bound, neighbourhood)
-    entry = release_entry("GramMechanism", dpa.GaussianDpEvent(z), reproducible_noise)
+    m, label = (1, ROW) if units is None else (units.max_rows, units.label)
+    plan = gram_plan(z, rows, d, x_bound, neighbourhood, m)
+    entry = release_entry("GramMechanism", dpa.GaussianDpEvent(z), reproducible_noise, label)
 
     def draw(key):
         upper = plan.release(key, *upper_triangle(row_product_sum(x, x)))

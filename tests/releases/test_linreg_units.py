@@ -146,3 +146,22 @@ def test_delta_is_checked_against_the_units(name):
     release(KEY, X, y, **BOUNDS, epsilon=1.0, delta=1 / 200, privacy_unit=ids)
     with pytest.raises(ValueError, match=r"1/n = 0\.01"):
         release(KEY, X, y, **BOUNDS, epsilon=1.0, delta=1 / 100, privacy_unit=ids)
+
+
+def test_gram_mechanism_per_unit():
+    """``gram_mechanism`` per unit: m times a row's noise, the units in the ledger, delta
+    against the units, substitute only."""
+    X, _ = make_data(300, 2)
+    ids = unit_ids(np.full(100, 3))
+    gram = ndp.mechanisms.gram_mechanism
+    rows = gram(KEY, X, x_bound=1.2, noise_multiplier=1.0)
+    unit = gram(KEY, X, x_bound=1.2, noise_multiplier=1.0, privacy_unit=ids)
+    assert unit.scale / rows.scale == pytest.approx(3, rel=1e-8)
+    assert rows.entry.privacy_unit == ROW
+    assert unit.entry.privacy_unit == Units.from_ids(ids, 300).label
+    gram(KEY, X, x_bound=1.2, epsilon=1.0, delta=1 / 200, privacy_unit=ids)
+    with pytest.raises(ValueError, match=r"1/n = 0\.01"):
+        gram(KEY, X, x_bound=1.2, epsilon=1.0, delta=1 / 100, privacy_unit=ids)
+    with pytest.raises(UnitsError, match="neighbourhood='substitute'"):
+        gram(KEY, X, x_bound=1.2, noise_multiplier=1.0, neighbourhood="add_remove",
+             max_rows=300, privacy_unit=ids)
