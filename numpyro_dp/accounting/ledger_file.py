@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from numpyro_dp.accounting.entry import LedgerEntry, event_from_json, event_to_json, stored_number
 from numpyro_dp.accounting.keyring import LedgerKey, LedgerKeyError
+from numpyro_dp.model.units import ROW
 
 try:
     import fcntl
@@ -62,6 +63,9 @@ def entry_record(entry: LedgerEntry) -> dict:
 
 def entry_from_record(record: dict) -> LedgerEntry:
     """The entry an entry line holds; ValueError if the line is malformed."""
+    if set(record) == _ENTRY_KEYS - {"privacy_unit"}:
+        # Written before entries recorded what they protect (issue 40): a row, then.
+        record = {**record, "privacy_unit": ROW}
     if set(record) != _ENTRY_KEYS:
         raise ValueError(f"an entry with fields {sorted(record)}")
     kinds = {"id": str, "time": str, "kernel": str, "phase": str, "num_chains": int,

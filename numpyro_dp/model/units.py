@@ -59,7 +59,8 @@ class Units:
 
     @classmethod
     def from_ids(cls, ids, num_rows: int, max_rows_per_unit: int | None = None) -> Units:
-        """The units of ``ids`` (one per row, any integer or string labels).
+        """The units of ``ids`` (one per row, any integer or string labels: an array, a
+        list, a pandas Series or Index).
 
         Raises
         ------
@@ -67,7 +68,9 @@ class Units:
             If ``ids`` is not one label per row, or a unit has more rows than
             ``max_rows_per_unit``.
         """
-        ids = np.asarray(ids)
+        ids = np.asarray(ids.to_numpy() if _is_pandas(ids) else ids)
+        if ids.dtype == object and all(isinstance(v, str) for v in ids.flat):
+            ids = ids.astype(str)  # pandas' string columns (and categories of strings)
         if ids.ndim != 1 or ids.shape[0] != num_rows:
             raise UnitsError(
                 f"privacy_unit must give one unit id per row: an array of shape "
@@ -117,13 +120,18 @@ class Units:
         # np.lexsort sorts by its last key first: the unit, then the values.
         order = np.lexsort(tuple(columns.T[::-1]) + (self.codes,))
         starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
-        slot = np.minimum(np.arange(self.max_rows)[None, :], self.sizes[:, None] - 1)
+        slot = np.arange(self.max_rows)[None, :]
+        slot = np.where(slot < self.sizes[:, None], slot, 0)  # padding: the first row again
         return order[starts[:, None] + slot]
 
     def block(self, rows: list) -> list[np.ndarray]:
         """Each row array as unit blocks ``(num_units, max_rows, ...)`` (host arrays)."""
         where = self.positions(rows)
         return [np.asarray(x)[where] for x in rows]
+
+
+def _is_pandas(x) -> bool:
+    return type(x).__module__.split(".")[0] == "pandas" and hasattr(x, "to_numpy")
 
 
 def common_unit(labels) -> str:

@@ -254,8 +254,6 @@ def validated(kernel, args: tuple, kwargs: dict, row_layout: RowLayout | None,
     :meth:`PrivateMCMC.plan <numpyro_dp.PrivateMCMC.plan>` (which uses no value of the
     rows)."""
     check_layout_given((args, kwargs), row_layout)
-    if privacy_unit is not None:
-        privacy_unit = np.asarray(tabular_to_numpy(privacy_unit))
     return kernel.prepare(args, kwargs, row_layout, privacy_unit)
 
 

@@ -54,7 +54,6 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-import numpy as np
 import numpyro.distributions as dist
 
 from numpyro_dp.accounting import (
@@ -321,8 +320,6 @@ def plan(
     if epsilon is None or delta is None:
         raise ValueError("plan needs epsilon= and delta=, the budget of the whole run.")
     model_args, model_kwargs = tabular_to_numpy((model_args, model_kwargs))
-    if privacy_unit is not None:
-        privacy_unit = np.asarray(tabular_to_numpy(privacy_unit))
     pm = PrivateModel(model, model_args, model_kwargs, data_plate=data_plate,
                       privacy_unit=privacy_unit)
     n, d = pm.num_rows, pm.num_params

@@ -88,3 +88,28 @@ def mdvis_counts():
                   scaled(df["age"], 20, 64), scaled(df["educ2"], 0, 1),
                   scaled(df["educ3"], 0, 1), scaled(df["loginc"], 5, 10)], axis=1)
     return X.astype(np.float32), df["numvisit"].to_numpy(np.float32)
+
+
+def make_panel(num_small=40, big=50, d=2, seed=0, family="logistic"):
+    """A synthetic panel of ``privacy_unit`` tests: one unit of ``big`` rows and
+    ``num_small`` units of 1-5 rows, in random row order under scattered integer ids.
+    Rows have ``||x|| <= 1``.  The big unit's rows point one way (covariates near one
+    direction, outcomes all high), so its rows' gradients add up: each row's is small,
+    their total is large.  Returns ``X, y, ids`` (one id per row) and the big unit's id.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = np.concatenate([[big], rng.integers(1, 6, size=num_small)])
+    labels = rng.choice(10**6, size=len(sizes), replace=False)
+    n = int(sizes.sum())
+    X = rng.normal(size=(n, d)) / math.sqrt(d)
+    X[:big] = np.linspace(0.6, 0.2, d) + 0.05 * rng.normal(size=(big, d))
+    X /= np.maximum(1.0, np.linalg.norm(X, axis=1, keepdims=True))
+    if family == "logistic":
+        y = (rng.uniform(size=n) < 0.5).astype(float)
+        y[:big] = 1.0
+    else:  # linear-Gaussian
+        y = X @ np.linspace(1.0, -0.5, d) + 0.3 * rng.normal(size=n)
+        y[:big] += 1.5
+    order = rng.permutation(n)
+    ids = np.repeat(labels, sizes)
+    return X[order], y[order], ids[order], int(labels[0])

@@ -34,3 +34,31 @@ def counting_release(monkeypatch):
 
     patch_releases(monkeypatch, release)
     return log
+
+
+class Made(list):
+    """Releases recorded at run time; ``len`` waits for pending callbacks first."""
+
+    def __len__(self):
+        jax.effects_barrier()  # callbacks run asynchronously (pmap in particular)
+        return super().__len__()
+
+
+def count_made_releases(monkeypatch) -> Made:
+    """Count every release made at run time, once per chain under vmap, at both gates:
+    the release gate's ``grid_release`` and DP Barker's ``barker_decision``."""
+    from numpyro_dp.kernels import barker
+
+    made = Made()
+
+    def counted(release_fn):
+        @functools.wraps(release_fn)
+        def wrapper(key, *args, **kwargs):
+            # The (secret, per-chain) key is batched under vmap: one call per chain.
+            jax.debug.callback(lambda _: made.append(1), jax.random.key_data(key))
+            return release_fn(key, *args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(gate, "grid_release", counted(gate.grid_release))
+    monkeypatch.setattr(barker, "barker_decision", counted(barker.barker_decision))
+    return made
