@@ -8,11 +8,12 @@ restarting the kernel cannot spend a data set's budget again.
 File format
 -----------
 UTF-8 JSON Lines, append-only.  Line 1 is the header ``{"format":
-"numpyro-dp-ledger", "version": 2, "id" (uuid4 hex), "key_id", "delta",
+"numpyro-dp-ledger", "version": 3, "id" (uuid4 hex), "key_id", "delta",
 "neighbourhood", "accountant", "epsilon" (the budget or null), "created" (ISO
 time)}``; every later line is one :class:`LedgerEntry` with an ``id`` (uuid4), a
-UTC ``time`` and its events written field by field (:func:`event_to_json`), so
-that reading it back rebuilds them exactly.  Every line also carries ``prev``,
+UTC ``time``, what it protects (``privacy_unit``: ``"row"`` or ``"unit:..."``) and
+its events written field by field (:func:`event_to_json`), so that reading it back
+rebuilds them exactly.  Every line also carries ``prev``,
 the ``tag`` of the line before it (64 zeros for the header), and ``tag``, the
 HMAC-SHA256 (hex) under the ledger key (:mod:`~numpyro_dp.accounting.keyring`)
 of ``prev`` followed by the canonical JSON (sorted keys, compact separators) of

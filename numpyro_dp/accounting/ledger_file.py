@@ -19,7 +19,6 @@ from typing import NamedTuple
 
 from numpyro_dp.accounting.entry import LedgerEntry, event_from_json, event_to_json, stored_number
 from numpyro_dp.accounting.keyring import LedgerKey, LedgerKeyError
-from numpyro_dp.model.units import ROW
 
 try:
     import fcntl
@@ -29,7 +28,7 @@ except ImportError:  # not POSIX: only in-memory ledgers
 #: Whether this platform locks files (POSIX ``fcntl``): file ledgers need it.
 FILE_LOCKING = fcntl is not None
 
-FORMAT, VERSION = "numpyro-dp-ledger", 2
+FORMAT, VERSION = "numpyro-dp-ledger", 3
 _HEADER_KEYS = {"format", "version", "id", "key_id", "delta", "neighbourhood", "accountant",
                 "epsilon", "created"}
 _ENTRY_KEYS = {"id", "time", "kernel", "phase", "num_chains", "num_iterations", "per_iteration",
@@ -63,9 +62,6 @@ def entry_record(entry: LedgerEntry) -> dict:
 
 def entry_from_record(record: dict) -> LedgerEntry:
     """The entry an entry line holds; ValueError if the line is malformed."""
-    if set(record) == _ENTRY_KEYS - {"privacy_unit"}:
-        # Written before entries recorded what they protect (issue 40): a row, then.
-        record = {**record, "privacy_unit": ROW}
     if set(record) != _ENTRY_KEYS:
         raise ValueError(f"an entry with fields {sorted(record)}")
     kinds = {"id": str, "time": str, "kernel": str, "phase": str, "num_chains": int,
@@ -278,8 +274,9 @@ def check_format(path: Path, header) -> None:
     if header.get("version") != VERSION:
         raise ValueError(
             f"The privacy ledger {path} has format version {header.get('version')!r}; this "
-            f"numpyro-dp reads version {VERSION} (lines authenticated by a key). Version 1 "
-            "ledgers, of development versions, cannot be converted: start a new ledger."
+            f"numpyro-dp reads version {VERSION} (lines authenticated by a key, each entry "
+            "saying what it protects: a row or a unit). Ledgers of earlier versions, of "
+            "development versions, cannot be converted: start a new ledger."
         )
 
 

@@ -156,7 +156,7 @@ def test_file_format(tmp_path):
     PrivacyLedger.open(path, delta=DELTA, neighbourhood="add_remove", epsilon=2.5).charge(
         gauss(label="first"))
     header, entry = (json.loads(line) for line in path.read_text("utf-8").splitlines())
-    assert header["format"] == "numpyro-dp-ledger" and header["version"] == 2
+    assert header["format"] == "numpyro-dp-ledger" and header["version"] == 3
     assert (header["delta"], header["neighbourhood"], header["accountant"],
             header["epsilon"]) == (DELTA, "add_remove", "auto", 2.5)
     assert len(header["id"]) == 32 and header["key_id"] == LedgerKey.load().id
@@ -164,6 +164,7 @@ def test_file_format(tmp_path):
     assert len(entry["tag"]) == 64
     assert entry["per_iteration"] == {"type": "GaussianDpEvent", "noise_multiplier": 32.0}
     assert entry["label"] == "first" and entry["time"].endswith("+00:00")
+    assert entry["privacy_unit"] == "row"
     assert len(entry["id"]) == 36
 
 
@@ -470,13 +471,16 @@ def test_the_key_is_made_once_private_and_found_where_documented(tmp_path, ledge
         PrivacyLedger.open(team.path, key_file=tmp_path / "bad.key")
 
 
-def test_a_version_1_ledger_is_refused_clearly(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_ledger_of_an_earlier_version_is_refused_clearly(tmp_path, version):
+    """Version 2 entries did not say what they protect (a row or a unit, issue 40)."""
     path = tmp_path / "old.jsonl"
-    header = {"format": "numpyro-dp-ledger", "version": 1, "delta": DELTA,
+    header = {"format": "numpyro-dp-ledger", "version": version, "delta": DELTA,
               "neighbourhood": "substitute", "accountant": "auto", "epsilon": None,
               "created": "2025-01-01T00:00:00+00:00", "prev": "0" * 64, "hash": "0" * 64}
     path.write_text(json.dumps(header) + "\n")
-    with pytest.raises(ValueError, match="format version 1; .*reads version 2.*new ledger"):
+    with pytest.raises(ValueError,
+                       match=f"format version {version}; .*reads version 3.*new ledger"):
         PrivacyLedger.open(path)
 
 

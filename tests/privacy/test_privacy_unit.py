@@ -24,7 +24,6 @@ import json
 import textwrap
 import warnings
 
-import dp_accounting as dpa
 import jax
 import numpy as np
 import pandas as pd
@@ -34,8 +33,6 @@ from _support.releases import count_made_releases
 from _support.running import run_on_devices
 
 import numpyro_dp as ndp
-from numpyro_dp.accounting import ledger as ledger_module
-from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
 from numpyro_dp.model.units import ROW, Units, UnitsError
 
@@ -252,32 +249,6 @@ def test_a_ledger_file_stores_what_each_entry_protects(panel, tmp_path):
     assert [e.privacy_unit for e in again.entries] == [label, ROW]
     assert again.spent() == mcmc.privacy_spent()
     assert again.spent().privacy_unit == ROW
-
-
-def test_a_ledger_file_from_before_privacy_units_opens_with_its_entries_per_row(
-        tmp_path, monkeypatch):
-    """Entry lines written before issue 40 have no ``privacy_unit``: every charge then
-    protected a row.  Such a file (its lines authentic) still opens and charges."""
-    path = tmp_path / "old.jsonl"
-    old = PrivacyLedger.open(path, delta=DELTA)
-    entry = LedgerEntry("DPPenalty", "sample", 1, 10, dpa.GaussianDpEvent(8.0))
-    write = ledger_module.entry_record
-
-    def without_unit(e):  # what the file's writer wrote before issue 40
-        record = write(e)
-        del record["privacy_unit"]
-        return record
-
-    monkeypatch.setattr(ledger_module, "entry_record", without_unit)
-    old.record(entry)
-    monkeypatch.setattr(ledger_module, "entry_record", write)
-    assert "privacy_unit" not in path.read_text("utf-8")
-    reopened = PrivacyLedger.open(path)
-    assert reopened.entries == [entry] and entry.privacy_unit == ROW
-    assert reopened.spent().privacy_unit == ROW
-    reopened.charge(dataclasses.replace(entry, privacy_unit="unit:0123456789abcdef"))
-    assert [e.privacy_unit for e in PrivacyLedger.open(path).entries] == [
-        ROW, "unit:0123456789abcdef"]
 
 
 # ------------------------------------------------------- refusals and plans
