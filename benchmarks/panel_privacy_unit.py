@@ -61,9 +61,8 @@ from pathlib import Path
 import dp_accounting as dpa
 import jax
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
+from utility_real_data import linear, logistic  # the same models and priors
 
 import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent
@@ -73,23 +72,6 @@ EPSILONS = (1.0, 3.0, 10.0)
 
 
 # ------------------------------------------------------------------ models and data
-def linear(X, y=None):
-    d = X.shape[1]
-    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
-    w = numpyro.sample("w", dist.Normal(0.0, 2.5).expand([d]).to_event(1))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(b0 + X @ w, sigma), obs=y)
-
-
-def logistic(X, y=None):
-    d = X.shape[1]
-    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
-    w = numpyro.sample("w", dist.Normal(0.0, 2.5).expand([d]).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Bernoulli(logits=b0 + X @ w), obs=y)
-
-
 #: Public ranges (code book and survey design), mapped to [-1, 1].
 RANGES = {"school": (0, 20), "exper": (0, 24), "union": (0, 1), "married": (0, 1),
           "black": (0, 1), "hisp": (0, 1)}
