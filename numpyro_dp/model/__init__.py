@@ -12,7 +12,10 @@ the data plate and the row arrays, and composes the modules below:
 * :mod:`~numpyro_dp.model.tracing` runs the model on public inputs only: traces
   with the rows abstract, and stand-in rows;
 * :mod:`~numpyro_dp.model.dataflow` traces which values depend on the rows;
-* :mod:`~numpyro_dp.model.layout` says which rows of padded arrays are real.
+* :mod:`~numpyro_dp.model.layout` says which rows of padded arrays are real;
+* :mod:`~numpyro_dp.model.units` groups the rows into privacy units (a person's
+  rows), and :mod:`~numpyro_dp.model.inputs` maps the model's arguments to a
+  run's private inputs (the rows, or the unit blocks) and back.
 """
 
 from numpyro_dp.model.adapter import PrivateModel, tabular_to_numpy

@@ -85,14 +85,11 @@ from numpyro_dp.model.checks import (
     find_structure,
 )
 from numpyro_dp.model.dataflow import inputs_read
+from numpyro_dp.model.inputs import ModelInputs, unit_sum
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.model.log_density import LogDensityTerms, constrained_trace, split_log_density
-from numpyro_dp.model.tracing import quietly, replace_leaves, shape_dtype, structure_trace
+from numpyro_dp.model.tracing import quietly, shape_dtype, structure_trace
 from numpyro_dp.model.units import Units
-
-#: The keyword under which :meth:`PrivateModel.rebuild` carries the units' mask
-#: (never passed to the model).
-UNIT_MASK = "__numpyro_dp_unit_mask__"
 
 
 class ObservedSite(NamedTuple):
@@ -136,7 +133,7 @@ def tabular_to_numpy(tree: Any) -> Any:
     return jax.tree_util.tree_map(convert, tree)
 
 
-class PrivateModel:
+class PrivateModel(ModelInputs):
     """A NumPyro model split into a data-free prior and per-row log-likelihoods.
 
     Parameters
@@ -246,74 +243,6 @@ class PrivateModel:
             self.padded_rows = self.num_rows = units.num_units
             self.units = units
 
-    def with_layout(self, row_layout: RowLayout) -> PrivateModel:
-        """This model with its unit blocks padded and placed as ``row_layout`` says (units
-        are placed after the model is analysed: ``ndp.shard_rows`` of
-        :meth:`private_inputs`)."""
-        if self.units is None or row_layout.num_rows != self.units.num_units:
-            raise ValueError("with_layout places unit blocks: give a layout of the units")
-        self.layout = row_layout
-        self.padded_rows = row_layout.padded_rows
-        self.row_specs = [jax.ShapeDtypeStruct((row_layout.padded_rows,) + s.shape[1:],
-                                               s.dtype) for s in self.row_specs]
-        return self
-
-    # ------------------------------------------------------------- inputs
-    def row_mask(self) -> jax.Array | None:
-        """``True`` on the real rows of padded arrays (None when nothing is padded)."""
-        return None if self.layout is None else self.layout.mask()
-
-    def positions(self, idx: jax.Array) -> jax.Array:
-        """Where rows ``idx`` of ``[0, num_rows)`` lie in the (possibly padded) arrays."""
-        return idx if self.layout is None else self.layout.positions(idx)
-
-    def private_inputs(self, model_args: tuple, model_kwargs: dict) -> tuple:
-        """The row arrays of ``(model_args, model_kwargs)``: what a compiled sampler takes.
-
-        With units: the unit blocks and their mask, from the call's arguments (the
-        rows as the user gave them) or from arguments :meth:`rebuild` made.
-        """
-        if self.units is not None and UNIT_MASK not in model_kwargs:
-            leaves = jax.tree_util.tree_leaves((model_args, model_kwargs))
-            rows = self.units.block([leaves[i] for i in self._row_leaf_index])
-            return tuple(jnp.asarray(x) for x in rows) + (jnp.asarray(self.units.mask()),)
-        leaves, _, mask = self._leaves(model_args, model_kwargs)
-        rows = tuple(jnp.asarray(leaves[i]) for i in self._row_leaf_index)
-        return rows if mask is None else rows + (jnp.asarray(mask),)
-
-    def rebuild(self, rows) -> tuple[tuple, dict]:
-        """``(model_args, model_kwargs)`` from :meth:`private_inputs` (possibly traced)
-        and the public arguments given at construction."""
-        if self.units is None:
-            return self._with_rows(self._public_leaves, self._treedef, rows)
-        args, kwargs = self._with_rows(self._public_leaves, self._treedef, rows[:-1])
-        return args, {**kwargs, UNIT_MASK: rows[-1]}
-
-    def _leaves(self, model_args: tuple, model_kwargs: dict):
-        """``(leaves, treedef, unit mask or None)`` of the model's arguments."""
-        mask = model_kwargs.get(UNIT_MASK)
-        if mask is not None:
-            model_kwargs = {k: v for k, v in model_kwargs.items() if k != UNIT_MASK}
-        leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-        return leaves, treedef, mask
-
-    def stand_in_arguments(self, num_rows: int = 1) -> tuple[tuple, dict]:
-        """The public arguments with ``num_rows`` zero rows in place of each row array
-        (as the model takes them: rows, never unit blocks)."""
-        rows = [np.zeros((num_rows,) + tuple(s.shape[1:]), s.dtype)
-                for s in self._model_row_specs]
-        return self._with_rows(self._public_leaves, self._treedef, rows)
-
-    def _model_arguments(self, model_args: tuple, model_kwargs: dict) -> tuple[tuple, dict]:
-        """Arguments to run the whole model on for its data-free parts (the prior, the
-        deterministic sites): the rows as given, or with units zero stand-ins of the
-        rows' shapes (the model never sees unit blocks; n stays the rows' number)."""
-        if self.units is None:
-            return model_args, model_kwargs
-        leaves, treedef, _ = self._leaves(model_args, model_kwargs)
-        zeros = [jnp.zeros(s.shape, s.dtype) for s in self._model_row_specs]
-        return self._with_rows(leaves, treedef, zeros)
-
     @functools.cached_property
     def likelihood_coordinates(self) -> np.ndarray:
         """Which flattened unconstrained coordinates the data plate's log-likelihood
@@ -363,7 +292,8 @@ class PrivateModel:
         ``theta`` is the row's expected one
         (:func:`~numpyro_dp.model.log_density.expected_log_prob`): for curvature
         only, its gradient is not the row's.  With units, ``row`` is one unit's
-        block and mask, and ``loglik`` the sum of its rows' (:meth:`_unit_sum`).
+        block and mask, and ``loglik`` the sum of its rows'
+        (:func:`~numpyro_dp.model.inputs.unit_sum`).
         """
         leaves, treedef, mask = self._leaves(model_args, model_kwargs)
         rows = [leaves[i] for i in self._row_leaf_index]
@@ -374,22 +304,7 @@ class PrivateModel:
 
         if mask is None:
             return loglik, rows
-        return self._unit_sum(loglik), rows + [mask]
-
-    @staticmethod
-    def _unit_sum(row_fn: Callable) -> Callable:
-        """``fn(theta, unit)``: the sum of ``row_fn(theta, row)`` over a unit block's real
-        rows (each row run alone; the padding's terms are exactly 0, by ``where``)."""
-        def unit_fn(theta, unit):
-            *block, mask = unit
-            values = jax.vmap(lambda row: row_fn(theta, row))(block)
-            return jnp.sum(jnp.where(mask, values, 0.0))
-
-        return unit_fn
-
-    # ------------------------------------------------------------- evaluation
-    def _with_rows(self, leaves, treedef, row_leaves):
-        return replace_leaves(leaves, treedef, self._row_leaf_index, row_leaves)
+        return unit_sum(loglik), rows + [mask]
 
     def log_density_terms(
         self,
@@ -436,7 +351,7 @@ class PrivateModel:
             args, kwargs = self._with_rows(leaves, treedef, [x[None] for x in row])
             return self._split(params, args, kwargs)[1][0]
 
-        fn = one_row if unit_mask is None else self._unit_sum(one_row)
+        fn = one_row if unit_mask is None else unit_sum(one_row)
         rows = jax.vmap(lambda row: fn(None, row))(row_leaves)
         mask = self.row_mask() if positions is None else None
         if mask is not None:  # padding: exactly 0, whatever the model makes of a zero row

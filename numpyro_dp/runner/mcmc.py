@@ -75,9 +75,8 @@ class PrivateMCMC(MCMC):
     postprocess_fn :
         As in :class:`numpyro.infer.MCMC`.  Thinning does not reduce the cost.
     jit_model_args : bool
-        Accepted for NumPyro compatibility and ignored: the data rows are
-        always arguments of the compiled sampler, never constants baked into
-        it (JAX's persistent compilation cache would write those to disk).
+        Ignored (NumPyro's): the rows are always arguments of the compiled sampler,
+        never constants in it (JAX's compilation cache would write those to disk).
     epsilon : float, optional
         Privacy budget.  If the kernel has no ``noise_multiplier``, the noise is
         calibrated so that the whole planned run (``num_chains x (num_warmup +
@@ -112,9 +111,8 @@ class PrivateMCMC(MCMC):
         the noise comes from a secret drawn from the operating system at each
         run (see :mod:`numpyro_dp.primitives.secret`).
     max_noise_multiplier : float
-        A calibrated run whose budget left could pay for it only with a larger
-        per-iteration noise multiplier is refused (its draws would be noise),
-        with what is left and what the run would need.
+        A calibrated run that could pay for itself only with a larger per-iteration
+        noise multiplier is refused (its draws would be noise), with what it needs.
     warm_start : float or "auto", optional
         Share of ``epsilon`` spent on a private warm start before the first
         call (:mod:`numpyro_dp.runner.warm_start`): noisy Newton steps from a prior
@@ -127,8 +125,7 @@ class PrivateMCMC(MCMC):
         (:func:`~numpyro_dp.runner.budget.auto_warm_start_share`: its draws then
         come from where the chains start); 0 for a kernel with a stated noise
         multiplier.  ``0`` turns it off (prior initialisation, as NumPyro).
-        Skipped when ``init_params`` is given or a run continues from
-        ``post_warmup_state``; needs ``epsilon``.
+        Skipped with ``init_params`` or after ``post_warmup_state``; needs ``epsilon``.
     clip_selection : float
         Share of ``epsilon`` spent choosing the clips the kernel was built
         without (a DP quantile of the rows' gradient scales; also the warm
@@ -140,9 +137,8 @@ class PrivateMCMC(MCMC):
         Noisy Newton steps of the warm start, a multiple of its 2 stages (each
         step two charged releases; the share is split among them).  By default
         :data:`~numpyro_dp.runner.warm_start.WARM_START_STEPS`, or
-        :data:`~numpyro_dp.runner.warm_start.FOLLOWING_WARM_START_STEPS` where the data
-        are many for the budget
-        (:func:`~numpyro_dp.runner.warm_start.follows_curvature`).
+        :data:`~numpyro_dp.runner.warm_start.FOLLOWING_WARM_START_STEPS` where the data are
+        many for the budget (:func:`~numpyro_dp.runner.warm_start.follows_curvature`).
     check_mixing : bool
         After each call that draws samples, compute split R-hat, bulk ESS and
         how often each chain moved from its draws (free post-processing, kept
@@ -256,8 +252,7 @@ class PrivateMCMC(MCMC):
         how many iterations per chain the budget affords (a lower bound, see
         :func:`~numpyro_dp.max_iterations`) and, for kernels whose batch size
         sets the cost (DPBarker), the largest batch size that fits.  This is
-        the planning API of every kernel.  ``privacy_unit`` as in :meth:`run`
-        (``num_rows`` is then the number of units).
+        the planning API of every kernel (``privacy_unit``: as in :meth:`run`).
 
         Examples
         --------
@@ -294,13 +289,9 @@ class PrivateMCMC(MCMC):
             row_layout: RowLayout | None = None, privacy_unit=None, **kwargs):
         """Charge the coming iterations to the ledger, then run as NumPyro does.
 
-        ``privacy_unit`` (one id per row: a person, firm or household) makes the
-        guarantee one per *unit*, with all its rows: every release sums a unit's
-        rows before it clips the unit's total, minibatch kernels sample units,
-        ``n`` is the number of units, and the ledger, :meth:`privacy_spent` and
-        the ArviZ attributes say ``privacy_unit="unit:..."``.  Which rows share a
-        unit is public, like ``n`` (:mod:`~numpyro_dp.model.units`).  DPBarker
-        refuses it.
+        ``privacy_unit`` (one id per row: a person, a firm) makes the guarantee one
+        per unit with all its rows, ``n`` the units' number (:mod:`~numpyro_dp.model.units`;
+        which rows share a unit is public, like ``n``; DPBarker refuses it).
 
         Rows placed on a device mesh (``jax.device_put`` with
         ``NamedSharding(mesh, P("data"))``, or :func:`~numpyro_dp.shard_rows`,
@@ -321,8 +312,7 @@ class PrivateMCMC(MCMC):
         """
         kernel = self.sampler
         chains.check_call(self, rng_key, extra_fields)
-        call = chains.prepare_call(self, args, kwargs, row_layout,  # before any charge
-                                   privacy_unit)
+        call = chains.prepare_call(self, args, kwargs, row_layout, privacy_unit)  # uncharged
         chains.check_init_params(self, init_params, call.model.param_shapes)
         iterations, phase = charging.iterations_this_call(self)
         tuning = charging.tuning_plan(self, init_params) if iterations > 0 else None
