@@ -62,7 +62,7 @@ import dp_accounting as dpa
 import jax
 import numpy as np
 from numpyro.infer import MCMC, NUTS
-from utility_real_data import linear, logistic  # the same models and priors
+from utility_real_data import _write_csv, linear, logistic  # the same models and priors
 
 import numpyro_dp as ndp
 from numpyro_dp.accounting import epsilon_spent
@@ -208,14 +208,6 @@ def run_private(name, model, X, y, person, unit, ref, eps, seed, num_warmup, num
 
 
 # ------------------------------------------------------------------ output
-def _write_csv(rows, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _read_csv(out: Path):
     with open(out.with_suffix(".csv")) as f:
         return [{k: (v if k in ("case", "unit", "plan_verdict", "privacy_unit") else float(v))

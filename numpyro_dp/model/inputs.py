@@ -20,6 +20,7 @@ import numpy as np
 
 from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.model.tracing import replace_leaves
+from numpyro_dp.model.units import bound_and_label
 
 #: The keyword under which :meth:`ModelInputs.rebuild` carries the units' mask
 #: (never passed to the model).
@@ -110,6 +111,11 @@ class ModelInputs:
         leaves, treedef, _ = self._leaves(model_args, model_kwargs)
         zeros = [jnp.zeros(s.shape, s.dtype) for s in self._model_row_specs]
         return self._with_rows(leaves, treedef, zeros)
+
+    @property
+    def privacy_unit(self) -> str:
+        """What a release from these inputs protects: ``"row"``, or the units' label."""
+        return bound_and_label(self.units)[1]
 
     def _with_rows(self, leaves, treedef, row_leaves):
         return replace_leaves(leaves, treedef, self._row_leaf_index, row_leaves)

@@ -130,6 +130,12 @@ class Units:
         return [np.asarray(x)[where] for x in rows]
 
 
+def bound_and_label(units: Units | None) -> tuple[int, str]:
+    """``(rows one unit may hold, what the ledger records)`` of ``units``: ``(1, "row")``
+    for a guarantee per row."""
+    return (1, ROW) if units is None else (units.max_rows, units.label)
+
+
 def _is_pandas(x) -> bool:
     return type(x).__module__.split(".")[0] == "pandas" and hasattr(x, "to_numpy")
 

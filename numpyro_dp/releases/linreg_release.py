@@ -36,7 +36,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
-from numpyro_dp.model.units import ROW, Units
+from numpyro_dp.model.units import ROW, Units, bound_and_label
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.releases.mechanisms import (
     Release,
@@ -346,7 +346,7 @@ def release_linreg_stats(
     holders = [(clip_rows(Xj, x_bound, "x"), clip_rows(yj, y_bound, "y")) for Xj, yj in holders]
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
     d = holders[0][0].shape[1]
-    m, label = (1, ROW) if units is None else (units.max_rows, units.label)
+    m, label = bound_and_label(units)
     plan = linreg_plan(z, rows, d, x_bound, y_bound, neighbourhood, with_yty, m)
     weight = count_weight(computed_bound(x_bound, d), computed_bound(y_bound, 1), neighbourhood,
                           with_yty)
@@ -432,7 +432,7 @@ def adassp(
 
     z = calibrate_noise_multiplier(event3, epsilon, delta)
     bx, by = computed_bound(x_bound, d), computed_bound(y_bound, 1)
-    m, label = (1, ROW) if units is None else (units.max_rows, units.label)
+    m, label = bound_and_label(units)
     S_plan = gram_plan(z, n, d, x_bound, neighbourhood, m)
     z_plan = grid_plan(z, m * sum_sensitivity(bx * by, neighbourhood), d,
                        magnitude=n * bx * by, error=row_product_error(n, bx, by, d))

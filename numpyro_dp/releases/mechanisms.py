@@ -72,7 +72,7 @@ from numpyro_dp.accounting import (
 )
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.ledger import PrivacyLedger
-from numpyro_dp.model.units import ROW, Units, UnitsError, holder_units
+from numpyro_dp.model.units import ROW, Units, UnitsError, bound_and_label, holder_units
 from numpyro_dp.primitives.release import GridPlan, grid_plan
 from numpyro_dp.primitives.secret import noise_key, run_secret
 from numpyro_dp.releases.row_products import (
@@ -478,7 +478,7 @@ def gram_mechanism(
     check_delta_for_rows(delta, rows if units is None else units.num_units)
     x = clip_rows(x, x_bound)
     z = gaussian_noise_multiplier(epsilon, delta, noise_multiplier)
-    m, label = (1, ROW) if units is None else (units.max_rows, units.label)
+    m, label = bound_and_label(units)
     plan = gram_plan(z, rows, d, x_bound, neighbourhood, m)
     entry = release_entry("GramMechanism", dpa.GaussianDpEvent(z), reproducible_noise, label)
 

@@ -47,7 +47,6 @@ from jax import random
 
 from numpyro_dp.accounting import sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
-from numpyro_dp.model.units import ROW
 from numpyro_dp.primitives.clipping import vector_clip_bound
 from numpyro_dp.primitives.compiled import jit_once
 from numpyro_dp.primitives.release import release_clipped_sum
@@ -193,7 +192,7 @@ def release_score(
         clipped_share=min(1.0, rows_above(counts[0], clip) / pm.num_rows),
         num_rows=pm.num_rows, neighbourhood=neighbourhood, param_shapes=dict(pm.param_shapes),
         data_plate=pm.data_plate, model_args=args, model_kwargs=kwargs,
-        privacy_unit=ROW if pm.units is None else pm.units.label,
+        privacy_unit=pm.privacy_unit,
     )
 
 

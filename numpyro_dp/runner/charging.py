@@ -26,7 +26,6 @@ from numpyro_dp.accounting import (
 from numpyro_dp.accounting.entry import LedgerEntry
 from numpyro_dp.accounting.lower_bound import epsilon_lower_bound
 from numpyro_dp.model.layout import RowLayout
-from numpyro_dp.model.units import ROW
 from numpyro_dp.numpyro_compat import collection_params, warmup_state
 from numpyro_dp.runner import budget, chains
 from numpyro_dp.runner.mixing import MixingWarning
@@ -270,11 +269,6 @@ def over_budget(mcmc, iterations: int, start: int, z, after: str) -> PrivacyBudg
     )
 
 
-def privacy_unit_label(pm) -> str:
-    """What a call's entries protect: a row, or the call's units (their label)."""
-    return ROW if pm is None or pm.units is None else pm.units.label
-
-
 def note(mcmc, text: str) -> None:
     """Write ``text`` (post-processing of charged releases) into the ledger, at no cost."""
     mcmc.ledger.record(LedgerEntry(
@@ -297,7 +291,7 @@ def charge(mcmc, iterations: int, phase: str, tuning: TuningPlan | None = None) 
     pending, entry = budget.call_entries(
         kernel, tuning, z, num_chains=mcmc.num_chains, iterations=iterations, phase=phase,
         start=start, reproducible_noise=mcmc.reproducible_noise,
-        privacy_unit=privacy_unit_label(kernel._private_model))
+        privacy_unit=kernel._private_model.privacy_unit)
     for rewrite in _ENTRY_REWRITES:
         entry = rewrite(entry)
     if mcmc.check_mixing and kernel.calibrated_noise and not kernel.releases_once:

@@ -456,5 +456,5 @@ def plan(
         start_error, step, travel, verdict, eps_ok, tuple(advice), route, kernel,
         z_release, 0.0 if mixes else error,
         1.0 if mixes else math.sqrt(1 + error**2), refused,
-        ROW if pm.units is None else pm.units.label,
+        pm.privacy_unit,
     )
