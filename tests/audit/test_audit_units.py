@@ -117,6 +117,7 @@ def penalty_audit(data, neighbour):
     return audit.audit_kernel(kernel, data, neighbour, delta=DELTA, num_chains=2)
 
 
+@pytest.mark.slow  # 10 s; the fast tier keeps the black-box canary audit
 def test_kernel_audit_of_dppenalty_per_row_and_per_unit():
     """DPPenalty's log-likelihood-ratio releases as made, the canary unit at +-100
     (beyond the clip wherever the chains go): per row each of its 50 rows' ratios

@@ -163,6 +163,7 @@ def test_noise_aware_releases_per_unit_are_charged_and_do_not_depend_on_the_rows
 
 
 # ------------------------------------------------------------ any order of the rows
+@pytest.mark.slow  # about 20 s of compiling; the fast tier keeps the conformance tests
 @pytest.mark.parametrize("name", ["DPPenalty", "DPHMC", "DPSGLD"])
 def test_any_order_of_the_rows_gives_the_same_releases(panel, name):
     """The panel, its rows permuted, and with ids relabelled: the same draws bit for bit
