@@ -48,6 +48,7 @@ from numpyro_dp.runner.clip_selection import (
     scale_histogram,
 )
 from numpyro_dp.runner.warm_start import (
+    ADAPT_CODES,
     FOLLOWING_WARM_START_STEPS,
     HESSIAN_SHARE,
     TYPICAL_CLIPS,
@@ -89,10 +90,11 @@ class TuningPlan:
         ``z`` of each warm-start stage's gradient and Hessian releases.
     noise_multiplier_histogram : float
         ``z`` of each histogram.
-    follow_curvature : tuple of bool
-        Whether each warm-start stage whitens every step by the curvature its
-        last step released (:func:`~numpyro_dp.runner.warm_start.follows_curvature`);
-        the final stage then releases its curvature at every step, not once.
+    follow_curvature : tuple of str or None
+        How each warm-start stage follows the curvature its last step released:
+        whitened by it (``"full"``), rescaled by its diagonal (``"diagonal"``) or not
+        (None; :func:`~numpyro_dp.runner.warm_start.follows_curvature`); a final
+        stage that follows it releases it at every step, not once.
     """
 
     warm_start_steps: int
@@ -101,7 +103,7 @@ class TuningPlan:
     requests: tuple[ClipRequest, ...]
     warm_start_noise: tuple[tuple[float, float], ...]
     noise_multiplier_histogram: float | None
-    follow_curvature: tuple[bool, ...] = ()
+    follow_curvature: tuple[str | None, ...] = ()
 
     @property
     def num_histograms(self) -> int:
@@ -169,7 +171,8 @@ def plan_tuning(
     if warm_start_steps is None:
         plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
                             warm_start_clip, FOLLOWING_WARM_START_STEPS, size)
-        following = plan is not None and plan.follow_curvature[:1] == (True,)
+        following = plan is not None and bool(plan.follow_curvature[:1]
+                                               and plan.follow_curvature[0])
         warm_start_steps = FOLLOWING_WARM_START_STEPS if following else WARM_START_STEPS
     plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
                         warm_start_clip, warm_start_steps, size)
@@ -213,9 +216,9 @@ def _plan_tuning(epsilon, delta, warm_start, clip_selection, requests, warm_star
             return math.sqrt(releases / (mu2_warm * share)) * (1 + 1e-9)
 
         # A stated clip is in the model's own coordinates: they stay.
-        follow = tuple(select_start and follows_curvature(
-            z(plan.stage_steps, share * HESSIAN_SHARE), *size)
-            for share in WARM_START_STAGE_SHARES)
+        follow = tuple(follows_curvature(
+            z(plan.stage_steps, share * HESSIAN_SHARE), *size, first=not stage)
+            if select_start else None for stage, share in enumerate(WARM_START_STAGE_SHARES))
         plan = dataclasses.replace(plan, follow_curvature=follow)
         noise = tuple(
             (z(plan.stage_steps, stage_share * (1.0 - HESSIAN_SHARE)),
@@ -347,7 +350,8 @@ def run_tuning(
             theta, error, covariance = warm(
                 theta, jnp.asarray(clips, dtype), jnp.asarray(hessian_clips, dtype), whiten,
                 jnp.asarray(z_grad, dtype), jnp.asarray(z_hess, dtype),
-                jnp.asarray(plan.hessian_releases(stage) > 1), jnp.asarray(adapt),
+                jnp.asarray(plan.hessian_releases(stage) > 1),
+                jnp.asarray(ADAPT_CODES[adapt]),
                 prior_sd2, next(keys), rows, secret)
             if not bool(jnp.all(jnp.isfinite(theta)) & jnp.all(jnp.isfinite(covariance))):
                 raise FloatingPointError(

