@@ -244,6 +244,17 @@ def test_the_last_curvature_takes_more_where_its_noise_would_drown_it():
                                                        rel=1e-6)
 
 
+def test_an_earlier_stage_that_clipped_many_rows_does_not_join():
+    """An anchor stage whose clip cut more than COMBINE_MAX_CLIPPED of the rows (its
+    score biased by the tail it cut) is left out of the combination; one that cut
+    fewer joins; the last stage always stays."""
+    stages = ["anchor", "last"]
+    cap = score.COMBINE_MAX_CLIPPED
+    assert score.joinable(stages, [2 * cap, 0.5]) == ["last"]
+    assert score.joinable(stages, [cap / 2, 0.5]) == stages
+    assert score.joinable(["last"], [0.3]) == ["last"]
+
+
 def test_combined_scores_are_unbiased_with_the_stated_covariance():
     """On a cubic log-likelihood (closed form), an earlier stage's score moved to the
     last anchor by the trapezoid rule observes the same score: the GLS combination is
