@@ -53,7 +53,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
 import numpyro_dp as ndp
-from numpyro_dp.accounting import epsilon_spent
+from numpyro_dp.accounting import epsilon_spent, sensitivity_factor
 
 DELTA = 1e-6
 EPSILONS = (0.5, 1.0, 3.0, 10.0)
@@ -252,34 +252,61 @@ def nuts_reference(model, args, kwargs, seed=0, timed=False):
     return z, wall, np.asarray(flat, float)
 
 
-def floor_rms(model, args, kwargs, theta, eps, neighbourhood="substitute"):
-    """SPEC s12's floor: the expected RMS error, in posterior sds, of an oracle's
-    Newton step from the posterior mean on its whitened score released at the whole
-    budget, with the clip that minimises it.
+def clipped_error(scores: np.ndarray, noise: float) -> tuple[float, float]:
+    """``(clip, error)``: the clip ``C`` of the rows' whitened scores ``scores`` that
+    minimises the expected RMS error per coordinate ``sqrt((noise C)^2 + |b(C)|^2 / d)``
+    of their released sum, ``b(C) = sum_i s_i (1 - min(1, C / |s_i|))`` the clipped rows'
+    excess, and that error; ``noise``: the noise sd per unit of clip (``z Delta``).
 
-    ``theta``: NUTS's unconstrained draws.  With ``L`` the Cholesky factor of their
-    covariance and ``s_i = L^T grad l_i`` the rows' whitened scores at their mean,
-    a clip ``C`` errs by the noise ``z Delta C`` in every coordinate and by the
-    clipped rows' excess ``b = sum_i s_i (1 - min(1, C / |s_i|))``; in posterior
-    sds (the whitened posterior precision is the identity) the expected RMS is
-    ``sqrt((z Delta C)^2 + |b|^2 / d)``.  ``Delta`` is 2 (substitute) or 1.
+    Exact: between two adjacent row norms the rows above are fixed, ``b(C) = S - C U``
+    (``S`` their scores' sum, ``U`` their unit vectors' sum), and the squared error is a
+    quadratic in ``C`` minimised in closed form on the interval; every interval from the
+    median norm up is tried.  Below the median the model does not hold: a clip that
+    rescales most rows rescales the curvature of their sum too (at the posterior mean
+    the scores sum to about 0, so ``b`` would vanish with ``C``).
     """
+    n, d = scores.shape
+    norms = np.linalg.norm(scores, axis=1)
+    order = np.argsort(norms)
+    r = norms[order]
+    s, u = scores[order], scores[order] / np.maximum(r, 1e-300)[:, None]
+    # S_j, U_j: sums over the rows above the j-th smallest norm (j = 0: all rows)
+    big_s = np.concatenate([np.cumsum(s[::-1], 0)[::-1], np.zeros((1, d))])
+    big_u = np.concatenate([np.cumsum(u[::-1], 0)[::-1], np.zeros((1, d))])
+    median = r[n // 2]
+    lo = np.maximum(np.concatenate([[0.0], r]), median)
+    hi = np.maximum(np.concatenate([r, [r[-1]]]), median)
+    su, uu = np.einsum("ij,ij->i", big_s, big_u), np.einsum("ij,ij->i", big_u, big_u)
+    c = np.clip(su / d / (noise**2 + uu / d), lo, hi)
+    bias = big_s - c[:, None] * big_u
+    error = np.sqrt((noise * c) ** 2 + np.einsum("ij,ij->i", bias, bias) / d)
+    best = int(np.argmin(error))
+    return float(c[best]), float(error[best])
+
+
+def whitened_scores(model, args, kwargs, theta) -> np.ndarray:
+    """The rows' scores at the mean of NUTS's unconstrained draws ``theta``, whitened
+    by the Cholesky factor of their covariance (the posterior's: the oracle's)."""
     pm = ndp.PrivateModel(model, args, kwargs)
     mean = jnp.asarray(theta.mean(0))
     L = np.linalg.cholesky(np.cov(theta, rowvar=False).reshape(theta.shape[1], -1))
     loglik, rows = pm.one_row_loglik(args, kwargs)
     grads = np.asarray(jax.vmap(jax.grad(loglik), in_axes=(None, 0))(mean, rows), float)
-    scores = grads @ L
-    norms = np.linalg.norm(scores, axis=1)
+    return grads @ L
+
+
+def floor_rms(scores: np.ndarray, eps: float, neighbourhood: str = "substitute") -> float:
+    """SPEC s12's floor: the expected RMS error, in posterior sds, of an oracle's
+    Newton step from the posterior mean on its whitened score released at the whole
+    budget, with the clip that minimises it.
+
+    ``scores``: the rows' whitened scores ``s_i`` (:func:`whitened_scores`; the whitened
+    posterior precision is the identity).  A clip
+    ``C`` errs by the noise ``z Delta C`` in every coordinate and by the clipped rows'
+    excess (:func:`clipped_error`).  ``Delta`` is 2 (substitute) or 1.
+    """
     z = ndp.calibrate_noise_multiplier(dpa.GaussianDpEvent, eps, DELTA)
-    factor = 2.0 if neighbourhood == "substitute" else 1.0
-    d = scores.shape[1]
-    best = np.inf
-    for c in np.quantile(norms, np.linspace(0.5, 1.0, 101)):
-        excess = scores * (1.0 - np.minimum(1.0, c / np.maximum(norms, 1e-300)))[:, None]
-        bias = excess.sum(0)
-        best = min(best, float(np.sqrt((z * factor * c) ** 2 + bias @ bias / d)))
-    return best
+    return clipped_error(scores, z * sensitivity_factor(neighbourhood))[1]
 
 
 def run_noise_aware(name, model, args, kwargs, ref, eps, seed, num_warmup, num_samples):
@@ -294,7 +321,8 @@ def run_noise_aware(name, model, args, kwargs, ref, eps, seed, num_warmup, num_s
     mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model), num_warmup=num_warmup,
                            num_samples=num_samples, num_chains=4, epsilon=eps, delta=DELTA,
                            progress_bar=False, chain_method="vectorized")
-    floor = floor_rms(model, args, kwargs, theta, eps)
+    scores = whitened_scores(model, args, kwargs, theta)
+    floor = floor_rms(scores, eps)
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -482,19 +510,22 @@ def write_outputs(rows, out: Path) -> None:
 def write_noise_aware(rows, out: Path) -> None:
     """The noise-aware route's table (per case and epsilon, over seeds) and figure."""
     _write_csv(rows, out)
-    header = ("| case | n | epsilon | seeds | RMS error / floor (NUTS sds) | max error | sd ratio "
+    header = ("| case | n | epsilon | seeds | RMS error / floor (NUTS sds) | mean / floor "
+              "| max error | sd ratio "
               "| NUTS mean in private 90% | max error (private sds) | rows clipped | "
               "CalibrationWarning | refused | wall / NUTS |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for case, eps in dict.fromkeys((r["case"], r["epsilon"]) for r in rows):
         sel = [r for r in rows if r["case"] == case and r["epsilon"] == eps]
         ran = [r for r in sel if not r["refused"]] or [{k: float("nan") for k in sel[0]}]
         rms = ", ".join("refused" if r["refused"] else f"{r['rms_sd']:.2f}" for r in sel)
         clipped = [r["clipped_share"] for r in sel if not np.isnan(r["clipped_share"])]
+        floor = sel[0]["floor_rms"]
         lines.append(
             f"| {case} | {int(sel[0]['num_rows'])} | {eps:g} | {len(sel)} | {rms} / "
-            f"{sel[0]['floor_rms']:.2f} | {max(r['err_sd'] for r in ran):.2f} | "
+            f"{floor:.2f} | {np.mean([r['rms_sd'] for r in ran]) / floor:.2f} | "
+            f"{max(r['err_sd'] for r in ran):.2f} | "
             f"{min(r['sd_ratio_min'] for r in ran):.2f}-{max(r['sd_ratio_max'] for r in ran):.2f}"
             f" | {np.mean([r['inside90'] for r in ran]):.0%} | "
             f"{max(r['max_private_sds'] for r in ran):.2f} | "
