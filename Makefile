@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/bench_hmc.py
 	$(VPY) benchmarks/bench_barker.py
 	$(VPY) benchmarks/bench_sg.py
+	$(VPY) benchmarks/bench_noise_aware.py --out docs/results/bench_noise_aware
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -45,6 +45,7 @@ from numpyro.infer import init_to_median
 from numpyro_dp.accounting import sensitivity_factor
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.primitives.clipping import vector_clip_bound
+from numpyro_dp.primitives.compiled import jit_once
 from numpyro_dp.primitives.release import release_clipped_sum
 from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.row_statistics import clipped_grad_and_hessian_sums
@@ -293,8 +294,11 @@ def prior_variances(pm: PrivateModel, rng_key: jax.Array, rows: tuple) -> np.nda
     args, kwargs = pm.rebuild(tuple(jnp.zeros_like(r) for r in rows))
     theta = pm.ravel(pm.init_params(rng_key, args, kwargs, PRIOR_MEDIAN))
 
-    def prior(theta):
-        return pm.log_density_terms(pm.unravel(theta), args, kwargs).prior
+    @jit_once  # op by op, the Hessian compiled a program per operation
+    def precision(theta, rows):
+        args, kwargs = pm.rebuild(tuple(jnp.zeros_like(r) for r in rows))
+        return -jnp.diag(jax.hessian(
+            lambda t: pm.log_density_terms(pm.unravel(t), args, kwargs).prior)(theta))
 
-    precision = -np.diag(np.asarray(jax.hessian(prior)(theta), float))
+    precision = np.asarray(precision(theta, rows), float)
     return np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
