@@ -90,7 +90,6 @@ from numpyro_dp.model.layout import RowLayout
 from numpyro_dp.model.log_density import LogDensityTerms, constrained_trace, split_log_density
 from numpyro_dp.model.tracing import quietly, shape_dtype, structure_trace
 from numpyro_dp.model.units import Units
-from numpyro_dp.primitives.compiled import jit_once
 
 
 class ObservedSite(NamedTuple):
@@ -376,23 +375,17 @@ class PrivateModel(ModelInputs):
         NumPyro's ``find_valid_initial_params``).  The model runs on zero
         stand-ins of the rows of ``model_args`` and ``model_kwargs``: nothing
         it does here, a NumPyro check or a warning, can depend on their values.
-        Compiled (:func:`~numpyro_dp.primitives.compiled.jit_once`): run op by op, a
-        strategy such as the prior's median of 1001 draws compiled a few hundred small
-        programs on a run's first call (4-6 s of a cold ``NoiseAwareNUTS`` run).
         """
         model_args, model_kwargs = self._model_arguments(model_args, model_kwargs)
         leaves, treedef = jax.tree_util.tree_flatten((model_args, model_kwargs))
-
-        def draw(rng_key, rows):
-            # zeros_like: on the devices the rows lie on (they may fill a mesh).
-            zeros = [jnp.zeros_like(r) for r in rows]
-            with quietly():
-                tr = structure_trace(self.model, *self._with_rows(leaves, treedef, zeros),
-                                     rng_key, init_strategy)
-            return {n: biject_to(tr[n]["fn"].support).inv(tr[n]["value"])
-                    for n in self.latent_sites}
-
-        return jit_once(draw)(rng_key, [leaves[i] for i in self._row_leaf_index])
+        # zeros_like: on the devices the rows lie on (they may fill a mesh).
+        zeros = [jnp.zeros_like(leaves[i]) for i in self._row_leaf_index]
+        with quietly():
+            tr = structure_trace(self.model, *self._with_rows(leaves, treedef, zeros),
+                                 rng_key, init_strategy)
+        return {
+            n: biject_to(tr[n]["fn"].support).inv(tr[n]["value"]) for n in self.latent_sites
+        }
 
     def ravel(self, params: dict) -> jax.Array:
         """Flatten unconstrained params to the vector theta."""

@@ -157,16 +157,12 @@ def jit_once(fun: Callable) -> Callable:
     Within the returned function's life a program is looked up by its
     arguments' structure and abstract values (as ``jax.jit`` does); the first
     call with new ones traces ``fun`` and takes the executable of any earlier
-    program with the same text.  For closures built anew on every run.  Called inside
-    a program being traced (an argument is a tracer), ``fun`` is traced into it, as
-    ``jax.jit`` would inline it.
+    program with the same text.  For closures built anew on every run.
     """
     programs: dict = {}
 
     def call(*args):
         leaves, tree = jax.tree.flatten(args)
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
-            return fun(*args)
         key = (tree, tuple(jax.typeof(leaf) for leaf in leaves))
         if key not in programs:
             programs[key] = compile_once(fun, *args)

@@ -38,7 +38,7 @@ from numpyro_dp.primitives.sharding import (
     shard_rows,
 )
 from numpyro_dp.runner.tuning import TuningPlan, run_tuning
-from numpyro_dp.runner.warm_start import PRIOR_MEDIAN
+from numpyro_dp.runner.warm_start import prior_point
 
 #: Folded into the user's key to give the tuning releases their own public keys.
 TUNING_KEY_TAG = 0x74756E65
@@ -298,7 +298,7 @@ def make_releases(mcmc, call: PreparedCall, tuning: TuningPlan | None, rng_key, 
     kernel = mcmc.sampler
     if tuning is not None:
         with mesh_on(call.mesh):
-            tune(mcmc, tuning, rng_key, call.model, call.args, call.kwargs, call.rows, secret)
+            tune(mcmc, tuning, rng_key, call.model, call.rows, secret)
     if kernel.releases_once and kernel.release_entries():
         # Charged with the tuning; public keys apart from the tuning's and the chains'.
         key = jax.random.fold_in(first_key(rng_key), TUNING_KEY_TAG + 2)
@@ -322,14 +322,14 @@ def on_mesh(mcmc, run_mesh: RunMesh | None) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------ starts
-def tune(mcmc, plan: TuningPlan, rng_key, pm, args, kwargs, rows: tuple, secret) -> None:
+def tune(mcmc, plan: TuningPlan, rng_key, pm, rows: tuple, secret) -> None:
     """Run the charged tuning releases; adopt the clips; keep the warm start."""
     kernel = mcmc.sampler
     key = first_key(rng_key)
     # Public keys of the tuning's noise draws, apart from every chain's.
     key = jax.random.fold_in(key, TUNING_KEY_TAG)
     key_init, key_tune = jax.random.split(key)
-    theta0 = pm.ravel(pm.init_params(key_init, args, kwargs, PRIOR_MEDIAN))
+    theta0 = prior_point(pm, key_init, rows)[0]
     result = run_tuning(
         plan, pm, rng_key=key_tune, rows=rows, secret=secret, theta0=theta0,
         neighbourhood=kernel.neighbourhood, temperature=kernel.temperature,

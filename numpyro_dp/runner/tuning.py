@@ -57,7 +57,7 @@ from numpyro_dp.runner.warm_start import (
     WARM_START_STAGES,
     WARM_START_STEPS,
     follows_curvature,
-    prior_variances,
+    prior_point,
     warm_start_fn,
 )
 
@@ -319,7 +319,7 @@ def run_tuning(
             return run(theta, clips, hessian_clips, whiten, z_grad, z_hess, refresh, adapt,
                        prior_sd2, key, args, kwargs, secret)
 
-        prior_sd2 = jnp.asarray(prior_variances(pm, next(keys), rows), dtype)
+        prior_sd2 = jnp.asarray(prior_point(pm, next(keys), rows)[1], dtype)
         steps = plan.stage_steps
         d, n = theta0.shape[0], pm.num_rows
         typical = (TYPICAL_CLIPS * math.sqrt(d / n), TYPICAL_CLIPS * d / n)

@@ -9,7 +9,7 @@ sum (exactly the release of a DP-HMC gradient) and the sum of the rows' expected
 Hessians (the Fisher information), each clipped to a Frobenius norm, both with
 Gaussian noise, and takes a Newton step on them plus the public prior's terms (at
 most :data:`MAX_WARM_START_STEP` of the prior's sds at its median:
-:func:`prior_variances`).  The expected Hessian, unlike the observed one, stays
+:func:`prior_point`).  The expected Hessian, unlike the observed one, stays
 positive definite far from the mode, where a regression's coefficients and its
 noise scale couple.  The second stage works in the coordinates where the first
 stage's Laplace approximation is white, clips so that (almost) no row is cut, and
@@ -51,7 +51,7 @@ from numpyro_dp.primitives.rounding import sum_levels
 from numpyro_dp.primitives.row_statistics import clipped_grad_and_hessian_sums
 from numpyro_dp.primitives.secret import noise_key
 
-#: Where the warm start begins, and where :func:`prior_variances` reads the prior's
+#: Where the warm start begins, and where :func:`prior_point` reads the prior's
 #: scales: the prior's median, from 1001 draws (public).  Not the kernel's
 #: ``init_strategy``, which disperses chains: NumPyro's default, a uniform draw on
 #: (-2, 2) in unconstrained units, put a Poisson regression's rates at up to
@@ -114,7 +114,7 @@ ADAPT_CODES = {None: 0, DIAGONAL: 1, FULL: 2}
 #: 9 posterior sds at the 30% quantile of the mode's norms, 2.3 at the 90%).
 WARM_START_QUANTILE = 0.9
 #: Longest warm-start step, in prior standard deviations (the public prior's
-#: curvature at its median, :func:`prior_variances`; unbounded along a flat prior):
+#: curvature at its median, :func:`prior_point`; unbounded along a flat prior):
 #: post-processing that keeps a noisy step from throwing the iterate into the
 #: prior's tails.
 MAX_WARM_START_STEP = 2.0
@@ -184,7 +184,7 @@ def warm_start_fn(
     inverse square root of the diagonal of that step's floored precision:
     post-processing).  ``C`` and ``K`` hold each step's clips;
     ``refresh`` false releases the Hessian at the first step only, and
-    ``prior_sd2`` is :func:`prior_variances`.
+    ``prior_sd2`` is :func:`prior_point`.
     Each step releases the clipped gradient sum ``sum_i clip_C(L^T grad l_i)``
     (noise multiplier ``z_g``) and the clipped Hessian sum
     ``sum_i clip_K(L^T E[hess l_i] L)`` of the expected Hessians (Frobenius norm,
@@ -284,21 +284,24 @@ def warm_start_fn(
     return run
 
 
-def prior_variances(pm: PrivateModel, rng_key: jax.Array, rows: tuple) -> np.ndarray:
-    """The prior's variance along each unconstrained coordinate, from its curvature at
-    the prior's median (``inf`` along a flat prior): the fixed scale of the warm
-    start's steps.  Taken at the iterate instead, a noise scale's variance in log
-    units grows without bound as the scale shrinks (a half-normal's log density is
-    ``-sigma^2 / 2 s^2 + log sigma``), so one noisy step could throw it from 0.2 to
-    1e-27 or 1e27.  Public: the prior alone, the rows replaced by zeros."""
-    args, kwargs = pm.rebuild(tuple(jnp.zeros_like(r) for r in rows))
-    theta = pm.ravel(pm.init_params(rng_key, args, kwargs, PRIOR_MEDIAN))
+def prior_point(pm: PrivateModel, rng_key: jax.Array, rows: tuple) -> tuple[jax.Array, np.ndarray]:
+    """``(theta, variances)``: the prior's median (:data:`PRIOR_MEDIAN`, flat and
+    unconstrained), where the warm start begins, and the prior's variance along each
+    unconstrained coordinate from its curvature there (``inf`` along a flat prior): the
+    fixed scale of the warm start's steps.  Taken at the iterate instead, a noise scale's
+    variance in log units grows without bound as the scale shrinks (a half-normal's log
+    density is ``-sigma^2 / 2 s^2 + log sigma``), so one noisy step could throw it from
+    0.2 to 1e-27 or 1e27.  Public: the prior alone, the rows replaced by zeros.  One
+    compiled program (``rows`` give only shapes): run op by op, the 1001 draws and the
+    Hessian compiled a few hundred small programs on a run's first call (4-6 s)."""
 
-    @jit_once  # op by op, the Hessian compiled a program per operation
-    def precision(theta, rows):
+    @jit_once
+    def point(rng_key, rows):
         args, kwargs = pm.rebuild(tuple(jnp.zeros_like(r) for r in rows))
-        return -jnp.diag(jax.hessian(
+        theta = pm.ravel(pm.init_params(rng_key, args, kwargs, PRIOR_MEDIAN))
+        return theta, -jnp.diag(jax.hessian(
             lambda t: pm.log_density_terms(pm.unravel(t), args, kwargs).prior)(theta))
 
-    precision = np.asarray(precision(theta, rows), float)
-    return np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
+    theta, precision = point(rng_key, rows)
+    precision = np.asarray(precision, float)
+    return theta, np.where(precision > 0, 1.0 / np.maximum(precision, 1e-300), np.inf)
