@@ -9,7 +9,8 @@ Each (model, n) runs in its own process: NumPyro's ``MCMC(NUTS(model))`` and
 ``num_warmup``, ``num_samples``, ``num_chains`` and ``chain_method="vectorized"``,
 interleaved, each twice: the first run (``cold``) is what a notebook cell costs, XLA
 compilation included; the second (``warm``, a new ``MCMC`` / ``PrivateMCMC`` on the same
-model and data: the surrogate is a new model, so NUTS compiles again on it) is a re-run.
+model and data, with a new release: NumPyro's NUTS compiles its loop again, the private
+route's programs take the release's numbers as arguments and compile nothing) is a re-run.
 The ratio is the private route's wall time over NUTS's in the same process.
 
 Models (``utility_real_data``'s, with its priors; float32, covariates in [-1, 1],

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 
 import dp_accounting as dpa
+import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
@@ -310,25 +311,29 @@ class DPKernel(MCMCKernel):
 
     def tuned_clips(self) -> dict[str, float | None]:
         """The clips the algorithm's ``sample_fn`` takes at every call, by name
-        (:meth:`_core`; none by default): a run passes them as arguments of the
-        compiled sampler (:attr:`RunInputs.clips`), never as constants, since
-        the clips PrivateMCMC chooses privately are new numbers on every run,
-        and as constants they would make every re-run compile anew."""
+        (:meth:`_core`; none by default): the kernel's :meth:`public_inputs`."""
         return {}
+
+    def public_inputs(self) -> dict[str, jax.Array]:
+        """Released values the compiled sampler takes at every call, by name (by
+        default the :meth:`tuned_clips` that are set): a run passes them as arguments
+        (:attr:`RunInputs.public`), never as constants, since what PrivateMCMC releases
+        is new numbers on every run, and as constants they would make every re-run
+        compile anew."""
+        dtype = jnp.result_type(float)
+        return {name: jnp.asarray(value, dtype)
+                for name, value in self.tuned_clips().items() if value is not None}
 
     def run_inputs(self, rows: tuple, secret) -> RunInputs:
         """The inputs of a run on ``rows`` (:meth:`PrivateModel.private_inputs`)."""
-        dtype = jnp.result_type(float)
-        clips = {name: jnp.asarray(value, dtype)
-                 for name, value in self.tuned_clips().items() if value is not None}
-        return RunInputs(rows, jnp.asarray(secret), clips)
+        return RunInputs(rows, jnp.asarray(secret), self.public_inputs())
 
     def _unpack(self, model_args: tuple, model_kwargs: dict):
-        """``(model_args, model_kwargs, secret, clips)`` of an armed run's inputs."""
+        """``(model_args, model_kwargs, secret, public)`` of an armed run's inputs."""
         inputs = armed_inputs(type(self).__name__, self._armed_by is not None, model_args,
                               model_kwargs)
         args, kwargs = self._private_model.rebuild(inputs.rows)
-        return args, kwargs, inputs.secret, inputs.clips
+        return args, kwargs, inputs.secret, inputs.public
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_args, model_kwargs, _, _ = self._unpack(model_args, model_kwargs)

@@ -26,15 +26,16 @@ class RunInputs(NamedTuple):
 
     All are arguments of the compiled sampler, never constants of it: the rows
     and the secret because JAX's persistent compilation cache would write
-    constants to disk (neither is ever stored in a state); the clips so that
-    a re-run whose privately chosen clips differ runs the same program
-    (:meth:`~numpyro_dp.kernels.base.DPKernel.tuned_clips`).  Build them
-    with :meth:`~numpyro_dp.kernels.base.DPKernel.run_inputs`.
+    constants to disk (neither is ever stored in a state); the public values
+    (:meth:`~numpyro_dp.kernels.base.DPKernel.public_inputs`: a DP kernel's
+    privately chosen clips, :class:`~numpyro_dp.NoiseAwareNUTS`'s release) so
+    that a re-run on new ones runs the same program.  Build them with
+    :meth:`~numpyro_dp.kernels.base.DPKernel.run_inputs`.
     """
 
     rows: tuple  # the model's row arrays (private), see PrivateModel.private_inputs
     secret: jax.Array  # uint32[2], the run secret (numpyro_dp.primitives.secret)
-    clips: dict  # the kernel's tuned clips by name (public), the core's call arguments
+    public: dict  # released values by name (a kernel's tuned clips), the core's arguments
 
 
 def carries_info(info_type: type) -> Callable[[type], type]:
@@ -102,7 +103,7 @@ def chain_sampler(one: Callable, batched: bool) -> Callable:
     ``batched``, of a batch of chains (:func:`init_chains`).
 
     ``one(state, model_args, model_kwargs, secret, **clips)`` steps one chain;
-    ``clips`` (:attr:`RunInputs.clips`) are the same for every chain.
+    ``clips`` (:attr:`RunInputs.public`) are the same for every chain.
     """
 
     def step(state, model_args, model_kwargs, secret, clips):

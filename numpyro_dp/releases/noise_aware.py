@@ -24,13 +24,14 @@ import numpyro
 from jax.flatten_util import ravel_pytree
 from numpyro import handlers
 from numpyro.distributions import biject_to
-from numpyro.infer import NUTS, init_to_value
-from numpyro.infer.initialization import init_to_median
+from numpyro.infer import NUTS, init_to_median, init_to_uniform
+from numpyro.util import is_prng_key
 
 from numpyro_dp.kernels.arguments import event_noise_multiplier
 from numpyro_dp.kernels.base import DPKernel
 from numpyro_dp.model.adapter import PrivateModel
 from numpyro_dp.model.layout import RowLayout
+from numpyro_dp.primitives.compiled import jit_once
 from numpyro_dp.releases.score import release_order, release_score
 from numpyro_dp.releases.score_budget import (
     MAX_CURVATURE_NOISE,
@@ -42,6 +43,7 @@ from numpyro_dp.releases.score_release import (
     MAX_MODEL_DISTANCE,
     ScoreRelease,
     positive_sites,
+    release_log_likelihood,
 )
 
 #: Default share of epsilon of the runner's warm start, where the Newton stages start.
@@ -50,6 +52,40 @@ WARM_START_SHARE = 0.3
 DENSE_MASS_MAX_DIM = 200
 #: Name of the surrogate's site that holds the release's log-likelihood.
 RELEASE_SITE = "score_release"
+
+
+def surrogate_terms(release: ScoreRelease) -> dict[str, np.ndarray]:
+    """The arrays the surrogate reads: :meth:`ScoreRelease.likelihood_terms`, the
+    ``anchor`` and the ``inverse_whiten`` ``L^-1`` (released values: arguments of the
+    compiled sampler, so that a run on another release of the same model compiles
+    nothing)."""
+    return {**release.likelihood_terms(), "anchor": release.anchor,
+            "inverse_whiten": np.linalg.inv(release.whiten)}
+
+
+def _surrogate_of_terms(model: Callable, release: ScoreRelease) -> Callable:
+    """The surrogate as a NumPyro model of one argument, :func:`surrogate_terms`:
+    its structure is ``release``'s public facts, its numbers the argument."""
+    plate = release.data_plate
+    names = tuple(sorted(release.param_shapes))
+
+    def in_plate(site) -> bool:
+        return any(f.name == plate for f in site.get("cond_indep_stack", ()))
+
+    def hidden(site) -> bool:
+        observed = site["type"] == "sample" and site.get("is_observed")
+        return in_plate(site) and (observed or site["type"] == "deterministic")
+
+    def surrogate(terms: dict):
+        with handlers.trace() as trace, handlers.block(hide_fn=hidden):
+            model(*release.model_args, **release.model_kwargs)
+        u = {n: biject_to(trace[n]["fn"].support).inv(trace[n]["value"]) for n in names}
+        theta = ravel_pytree(u)[0]
+        inverse, anchor = (jnp.asarray(terms[k], theta.dtype) for k in ("inverse_whiten",
+                                                                          "anchor"))
+        numpyro.factor(RELEASE_SITE, release_log_likelihood(terms, inverse @ (theta - anchor)))
+
+    return surrogate
 
 
 def surrogate_model(model: Callable, release: ScoreRelease) -> Callable:
@@ -63,27 +99,30 @@ def surrogate_model(model: Callable, release: ScoreRelease) -> Callable:
     factor :data:`RELEASE_SITE`.  Every latent site, prior, constraint and
     data-free deterministic site is the user's.
     """
-    plate = release.data_plate
-    anchor = release.anchor
-    inverse = np.linalg.inv(release.whiten)
-    names = tuple(sorted(release.param_shapes))
+    surrogate, terms = _surrogate_of_terms(model, release), surrogate_terms(release)
 
-    def in_plate(site) -> bool:
-        return any(f.name == plate for f in site.get("cond_indep_stack", ()))
+    def model_of_release():
+        surrogate(terms)
 
-    def hidden(site) -> bool:
-        observed = site["type"] == "sample" and site.get("is_observed")
-        return in_plate(site) and (observed or site["type"] == "deterministic")
+    return model_of_release
 
-    def surrogate():
-        with handlers.trace() as trace, handlers.block(hide_fn=hidden):
-            model(*release.model_args, **release.model_kwargs)
-        u = {n: biject_to(trace[n]["fn"].support).inv(trace[n]["value"]) for n in names}
-        theta = ravel_pytree(u)[0]
-        v = jnp.asarray(inverse, theta.dtype) @ (theta - jnp.asarray(anchor, theta.dtype))
-        numpyro.factor(RELEASE_SITE, release.log_likelihood(v))
 
-    return surrogate
+def _compiled_init(nuts: NUTS, rng_key, num_warmup: int, init_params, terms: dict,
+                   anchor: Callable | None):
+    """``nuts.init`` on the surrogate (:func:`surrogate_terms` its argument), from
+    ``init_params`` or, where None and ``anchor`` maps the terms to unconstrained
+    values, from the anchor in every chain; compiled as one program: run op by op,
+    NumPyro's init compiled over a hundred small programs on a run's first call (3 of
+    18 s on a logistic regression with n = 10,000, ``benchmarks/bench_noise_aware.py``)."""
+    def init(key, params, terms):
+        if params is None and anchor is not None:
+            params = anchor(terms["anchor"])
+            if not is_prng_key(key):  # a batch of chains
+                params = jax.tree.map(lambda x: jnp.broadcast_to(x, key.shape[:1] + x.shape),
+                                      params)
+        return nuts.init(key, num_warmup, params, (terms,), {})
+
+    return jit_once(init)(rng_key, init_params, terms)
 
 
 class CalibrationWarning(UserWarning):
@@ -310,40 +349,50 @@ class NoiseAwareNUTS(DPKernel):
         check_release(release, refuse=True, scales=positive_latents(self._model, release))
 
     # ------------------------------------------------------------ sampling
-    def _inner(self, init_strategy: Callable | None = None) -> NUTS:
-        release = self.release
+    def _inner(self, init_strategy: Callable = init_to_uniform) -> NUTS:
         dense = self.dense_mass
         if dense is None:
-            dense = release.num_params <= DENSE_MASS_MAX_DIM
-        pm = self._private_model
-        start = pm.unravel(jnp.asarray(release.anchor))
-        # the anchor's values, without a draw (an improper prior has none)
-        values = pm.constrain(start, release.model_args, release.model_kwargs)
-        constrained = {n: values[n] for n in start}
-        return NUTS(surrogate_model(self._model, release), dense_mass=dense,
+            dense = self.release.num_params <= DENSE_MASS_MAX_DIM
+        return NUTS(_surrogate_of_terms(self._model, self.release), dense_mass=dense,
                     target_accept_prob=self.target_accept_prob,
                     max_tree_depth=self.max_tree_depth, step_size=self.step_size,
-                    init_strategy=init_strategy or init_to_value(values=constrained))
+                    init_strategy=init_strategy)
+
+    def public_inputs(self) -> dict[str, jax.Array]:
+        """The surrogate's numbers (:func:`surrogate_terms`): arguments of the compiled
+        sampler, so another release of the same model runs the same program."""
+        if self.release is None:
+            return {}
+        dtype = jnp.result_type(float)
+        return {k: jnp.asarray(v, dtype) for k, v in surrogate_terms(self.release).items()}
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        self._unpack(model_args, model_kwargs)  # refuses a run no PrivateMCMC charged
+        # refuses a run no PrivateMCMC charged
+        terms = self._unpack(model_args, model_kwargs)[3]
         if self.release is None:
             raise RuntimeError("NoiseAwareNUTS has no release: PrivateMCMC makes it first.")
-        self._nuts = self._inner()
-        try:
-            return self._nuts.init(rng_key, num_warmup, init_params, (), {})
-        except RuntimeError:  # the surrogate is not finite at the anchor: the prior's median
-            self._nuts = self._inner(init_to_median)
-            return self._nuts.init(rng_key, num_warmup, None, (), {})
+        # From the anchor; where the surrogate is not finite there, the prior's median.
+        anchor = self._private_model.unravel
+        for strategy, params, start in ((init_to_uniform, init_params, anchor),
+                                        (init_to_median, None, None)):
+            self._nuts = self._inner(strategy)
+            state = _compiled_init(self._nuts, rng_key, num_warmup, params, terms, start)
+            finite = [state.potential_energy, *jax.tree.leaves(state.z_grad)]
+            if any(isinstance(x, jax.core.Tracer) for x in finite) or all(
+                    bool(jnp.all(jnp.isfinite(x))) for x in finite):
+                return state
+        raise RuntimeError(
+            "The noise-aware surrogate is not finite at the release's anchor nor at the "
+            "prior's median: give the chains init_params (MCMC.run(..., init_params=...)) "
+            "or the model proper priors.")
 
     def sample(self, state, model_args, model_kwargs):
-        self._unpack(model_args, model_kwargs)
-        return self._nuts.sample(state, (), {})
+        return self._nuts.sample(state, (self._unpack(model_args, model_kwargs)[3],), {})
 
     def postprocess_fn(self, args: tuple, kwargs: dict) -> Callable:
-        self._unpack(args, kwargs)
+        terms = self._unpack(args, kwargs)[3]
         nuts = self._nuts or self._inner()
-        return nuts.postprocess_fn((), {})
+        return nuts.postprocess_fn((terms,), {})
 
     def surrogate(self) -> Callable:
         """The surrogate NumPyro model of the release (:func:`surrogate_model`)."""

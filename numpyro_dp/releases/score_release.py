@@ -187,23 +187,20 @@ class ScoreRelease:
         return (psd(self.curvature) + self.score_covariance
                 + curvature_noise_covariance(self.whitened_mode(), self.curvature_sd))
 
-    def log_likelihood(self, v: jax.Array) -> jax.Array:
-        """The noise-aware log-likelihood of the release at whitened ``v`` (of which it
-        reads the first :attr:`num_released` coordinates).
-
-        Local asymptotic normality: the score at the anchor given the parameter
-        is about ``N(K v, K)``; the release adds the score's noise and the
-        curvature's (:meth:`likelihood_covariance`).  So ``g | v ~ N(K+ v, C)``
-        with ``C`` that covariance.
-        """
-        v = v[:self.num_released]
-        dtype = jnp.result_type(v)
+    def likelihood_terms(self) -> dict[str, np.ndarray]:
+        """The arrays :func:`release_log_likelihood` reads: the released ``score``
+        ``g``, the ``curvature`` ``K+`` (:func:`psd`), the lower Cholesky factor
+        ``chol`` of :meth:`likelihood_covariance` and the Gaussian's ``log_normaliser``."""
         chol = np.linalg.cholesky(self.likelihood_covariance())
-        k = jnp.asarray(psd(self.curvature), dtype)
-        r = jax.scipy.linalg.solve_triangular(jnp.asarray(chol, dtype),
-                                              jnp.asarray(self.score, dtype) - k @ v, lower=True)
-        return (-0.5 * jnp.sum(r**2) - float(np.sum(np.log(np.diag(chol))))
-                - 0.5 * self.num_released * math.log(2 * math.pi))
+        log_normaliser = (-np.sum(np.log(np.diag(chol)))
+                          - 0.5 * self.num_released * math.log(2 * math.pi))
+        return {"score": self.score, "curvature": psd(self.curvature), "chol": chol,
+                "log_normaliser": np.asarray(log_normaliser)}
+
+    def log_likelihood(self, v: jax.Array) -> jax.Array:
+        """The noise-aware log-likelihood of the release at whitened ``v``
+        (:func:`release_log_likelihood`)."""
+        return release_log_likelihood(self.likelihood_terms(), v)
 
     def __str__(self) -> str:
         return (
@@ -260,6 +257,26 @@ def curvature_margin(curvature: np.ndarray, curvature_sd: float) -> tuple[float,
     (:func:`~numpyro_dp.runner.warm_start.spectral_noise`)."""
     return (float(np.linalg.eigvalsh(curvature).min()),
             spectral_noise(curvature_sd, curvature.shape[0]))
+
+
+def release_log_likelihood(terms: dict, v: jax.Array) -> jax.Array:
+    """The noise-aware log-likelihood of a release at whitened ``v``, of which it reads
+    the first ``k`` coordinates; ``terms`` are :meth:`ScoreRelease.likelihood_terms`
+    (arrays or the compiled sampler's arguments).
+
+    Local asymptotic normality: the score at the anchor given the parameter is
+    about ``N(K v, K)``; the release adds the score's noise and the curvature's
+    (:meth:`ScoreRelease.likelihood_covariance`).  So ``g | v ~ N(K+ v, C)`` with
+    ``C`` that covariance.
+    """
+    k = terms["score"].shape[0]
+    v = v[:k]
+    dtype = jnp.result_type(v)
+    score, curvature, chol, log_normaliser = (
+        jnp.asarray(terms[name], dtype) for name in ("score", "curvature", "chol",
+                                                     "log_normaliser"))
+    r = jax.scipy.linalg.solve_triangular(chol, score - curvature @ v, lower=True)
+    return -0.5 * jnp.sum(r**2) + log_normaliser
 
 
 def psd(matrix: np.ndarray) -> np.ndarray:

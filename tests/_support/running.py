@@ -40,6 +40,25 @@ def run(kernel, *args, num_warmup, num_samples, num_chains=4, seed=0, epsilon=No
     return mcmc
 
 
+class BackendCompiles:
+    """Counts XLA compilations (JAX's backend-compile events) while active."""
+
+    def __init__(self):
+        self.count, self.active = 0, False
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event, secs, **kwargs):
+        if self.active and event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+    def __enter__(self):
+        self.count, self.active = 0, True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
 #: A fixed run secret for tests that call a kernel's functional core directly
 #: (PrivateMCMC draws a fresh one from the OS at every run).
 TEST_SECRET = np.array([2718281828, 3141592653], np.uint32)

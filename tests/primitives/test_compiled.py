@@ -17,6 +17,7 @@ import numpyro.distributions as dist
 import numpyro.infer.mcmc
 import numpyro.util
 import pytest
+from _support.running import BackendCompiles
 
 import numpyro_dp as ndp
 from numpyro_dp import numpyro_compat
@@ -42,25 +43,6 @@ def runner(clip=3.0, **kwargs):
     options = dict(num_warmup=20, num_samples=100, delta=1e-5, progress_bar=False,
                    reproducible_noise=True, check_mixing=False)
     return ndp.PrivateMCMC(kernel, **{**options, **kwargs})
-
-
-class BackendCompiles:
-    """Counts XLA compilations (JAX's backend-compile events) while active."""
-
-    def __init__(self):
-        self.count, self.active = 0, False
-        jax.monitoring.register_event_duration_secs_listener(self._event)
-
-    def _event(self, event, secs, **kwargs):
-        if self.active and event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-    def __enter__(self):
-        self.count, self.active = 0, True
-        return self
-
-    def __exit__(self, *exc):
-        self.active = False
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from _support.data import make_logistic_data
+from _support.running import BackendCompiles
 from numpyro.infer import MCMC, NUTS, Predictive
 
 import numpyro_dp as ndp
@@ -168,6 +169,43 @@ def test_a_release_is_saved_loaded_and_sampled_without_the_rows(fitted, data, tm
     plain.run(jax.random.PRNGKey(6))
     assert noise_aware.RELEASE_SITE not in plain.get_samples()
     assert abs(plain.get_samples()["w"].mean(0) - draws[0].mean(0)).max() < 0.1
+
+
+def test_the_chains_start_in_one_program_shared_by_every_release(fitted, data):
+    """NumPyro's init of the surrogate's chains, run op by op, compiled a program per
+    operation on a run's first call; compiled, it is one.  The release's numbers are
+    arguments of the programs: another release of the model compiles nothing."""
+    X, y = data
+    other = dataclasses.replace(fitted.release, score=fitted.release.score + 0.1,
+                                anchor=fitted.release.anchor - 0.01)
+    compiles = BackendCompiles()
+    draws = []
+    for release, expected in ((fitted.release, 12), (other, 0)):  # 3 chains: new shapes
+        with compiles, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model, release=release),
+                                   num_warmup=10, num_samples=10, num_chains=3,
+                                   chain_method="vectorized", epsilon=1.0, delta=DELTA,
+                                   progress_bar=False)
+            mcmc.run(jax.random.PRNGKey(7), X, y=y)
+        assert compiles.count <= expected  # op by op: 40 the first time (8 compiled)
+        draws.append(np.asarray(mcmc.get_samples()["w"]))
+    assert not np.array_equal(*draws)  # the program read the new release
+
+
+def test_a_surrogate_finite_nowhere_its_chains_start_is_a_clear_error(fitted, data):
+    X, y = data
+    # An anchor far out: the surrogate's likelihood, quadratic in the distance from
+    # it, overflows at the anchor and at the prior's median alike.
+    anchor = fitted.release.anchor.copy()
+    anchor[:] = 1e30
+    broken = dataclasses.replace(fitted.release, anchor=anchor)
+    mcmc = ndp.PrivateMCMC(ndp.NoiseAwareNUTS(model, release=broken), num_warmup=10,
+                           num_samples=10, epsilon=1.0, delta=DELTA, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="not finite at the release's anchor"):
+            mcmc.run(jax.random.PRNGKey(8), X, y=y)
 
 
 def test_refused_where_it_cannot_run(data):
